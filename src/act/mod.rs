@@ -1,0 +1,68 @@
+//! Act: carry out a [`Plan`](crate::plan::Plan).
+//!
+//! Reality may refuse: a dispatch Nomad rejects or a child that is no longer dead when it is
+//! re-read is an [`Outcome`] to report, not an error that stops the tick.
+
+use async_trait::async_trait;
+use secrecy::SecretString;
+
+use crate::config::RepoConfig;
+use crate::model::{ChildId, RunnerName};
+use crate::observe::{ChildStatus, PortError};
+
+/// A registration credential minted for one runner. Never logged, never in an error.
+pub struct RegistrationToken(pub SecretString);
+
+impl std::fmt::Debug for RegistrationToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RegistrationToken([REDACTED])")
+    }
+}
+
+/// Mints registration credentials. Implemented by the GitHub and Forgejo clients.
+#[async_trait]
+pub trait Registrar: Send + Sync {
+    /// A fresh credential for one runner of `repo`, or `None` where the mode mints none
+    /// (`vault` mode: the runner job reads its admin token from Vault itself).
+    async fn mint(&self, repo: &RepoConfig) -> Result<Option<RegistrationToken>, PortError>;
+
+    /// The web URL a runner registers against (`https://github.com/owner/repo`).
+    fn repo_url(&self, repo: &RepoConfig) -> String;
+}
+
+/// The meta a child is dispatched with.
+#[derive(Debug)]
+pub struct DispatchMeta {
+    pub repo_url: String,
+    /// Lower-case, sorted, comma-separated.
+    pub labels: String,
+    pub runner_name: RunnerName,
+    pub runner_token: Option<RegistrationToken>,
+}
+
+#[derive(Debug)]
+pub struct DispatchRequest {
+    pub parent: String,
+    pub meta: DispatchMeta,
+    /// Fresh per planned dispatch; reused only when retrying that same request.
+    pub idempotency_token: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dispatched {
+    pub child: ChildId,
+    /// Nomad returned an existing child for the idempotency token: not a new dispatch.
+    pub deduplicated: bool,
+}
+
+/// Dispatches and purges children. Implemented by the Nomad client.
+#[async_trait]
+pub trait ChildControl: Send + Sync {
+    async fn dispatch(&self, request: &DispatchRequest) -> Result<Dispatched, PortError>;
+
+    /// Re-reads one child's status at the moment of acting; `None` when it is gone.
+    async fn child_status(&self, child: &ChildId) -> Result<Option<ChildStatus>, PortError>;
+
+    /// Deregisters and purges a child (`DELETE /v1/job/<id>?purge=true`).
+    async fn purge(&self, child: &ChildId) -> Result<(), PortError>;
+}

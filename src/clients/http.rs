@@ -1,0 +1,97 @@
+//! One way to build an HTTP client for a HashiCorp service or a forge: TLS settings honoured,
+//! a request timeout on every call, and a User-Agent naming us.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::observe::PortError;
+use crate::model::ErrorClass;
+
+/// Default timeout of one HTTP request. GitHub itself gives up on requests after 10 s.
+pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(15);
+
+pub const USER_AGENT: &str = concat!("runner-scaler/", env!("CARGO_PKG_VERSION"));
+
+/// TLS material for one service, from `*_CACERT`, `*_CLIENT_CERT`, `*_CLIENT_KEY`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub ca_cert: Option<PathBuf>,
+    pub client_cert: Option<PathBuf>,
+    pub client_key: Option<PathBuf>,
+}
+
+/// Installs the process-wide TLS crypto provider; harmless when called twice.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+fn read(path: &Path, what: &str) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("read {what} {}: {e}", path.display()))
+}
+
+/// Builds a reqwest client for `service` (named in errors) with its TLS files.
+pub fn build_client(
+    service: &str,
+    tls: &TlsFiles,
+    timeout: Duration,
+) -> Result<reqwest::Client, String> {
+    install_crypto_provider();
+    let mut builder = reqwest::Client::builder()
+        .user_agent(USER_AGENT)
+        .timeout(timeout)
+        .connect_timeout(timeout.min(Duration::from_secs(5)));
+    if let Some(ca) = &tls.ca_cert {
+        let pem = read(ca, &format!("{service} CA certificate"))?;
+        for cert in reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| format!("parse {service} CA certificate {}: {e}", ca.display()))?
+        {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    match (&tls.client_cert, &tls.client_key) {
+        (Some(cert), Some(key)) => {
+            let mut pem = read(cert, &format!("{service} client certificate"))?;
+            pem.push(b'\n');
+            pem.extend(read(key, &format!("{service} client key"))?);
+            let identity = reqwest::Identity::from_pem(&pem)
+                .map_err(|e| format!("load {service} client certificate and key: {e}"))?;
+            builder = builder.identity(identity);
+        }
+        (None, None) => {}
+        _ => {
+            return Err(format!(
+                "{service}: a client certificate needs both the certificate and the key"
+            ));
+        }
+    }
+    builder
+        .build()
+        .map_err(|e| format!("build {service} HTTP client: {e}"))
+}
+
+/// Classifies a transport failure (no HTTP status): always transient.
+pub fn transport_error(doing: impl std::fmt::Display, e: &reqwest::Error) -> PortError {
+    // reqwest's Display includes the URL; our URLs never carry a token (tokens travel in
+    // headers only), so the URL is safe to show and helps the operator.
+    let what = if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "connection failed"
+    } else {
+        "request failed"
+    };
+    PortError::new(ErrorClass::Transient, format!("{doing}: {what}: {e}"))
+}
+
+/// The usual status mapping for services without special rules (Nomad, Consul, Vault,
+/// Forgejo); GitHub refines 403 and 429 by its rate-limit headers.
+pub fn class_of_status(status: reqwest::StatusCode) -> ErrorClass {
+    match status.as_u16() {
+        401 => ErrorClass::Unauthorized,
+        403 => ErrorClass::Forbidden,
+        404 => ErrorClass::NotFound,
+        429 => ErrorClass::RateLimited,
+        400 | 405 | 409 | 422 => ErrorClass::Configuration,
+        _ => ErrorClass::Transient,
+    }
+}

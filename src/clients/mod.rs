@@ -1,0 +1,9 @@
+//! Clients of the services the daemon talks to. Wire types never leave these files: each
+//! client implements the ports of `observe`, `act` and `secrets` over its real API.
+
+pub mod consul;
+pub mod forgejo;
+pub mod github;
+pub mod http;
+pub mod nomad;
+pub mod vault;

@@ -1,0 +1,191 @@
+//! The Consul document users edit, validated.
+//!
+//! The raw JSON is parsed in [`parse`] (every problem reported at once, naming the repo and
+//! the field); what leaves this module is a [`Config`] whose every value has been checked and
+//! whose implicit semantics (BRIEF "Semantics the document leaves implicit") are resolved.
+
+pub mod parse;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use url::Url;
+
+use crate::model::{LabelSet, RepoName};
+
+pub use parse::{ConfigError, parse_document};
+
+/// Process settings that give the document its defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigDefaults {
+    /// Parent job for `app` repos' jobs that match no profile (`--default-job`).
+    pub default_job: String,
+    /// Cap of a repo that sets none and has no profiles (`--default-repo-max`).
+    pub default_repo_max: u32,
+}
+
+impl Default for ConfigDefaults {
+    fn default() -> Self {
+        ConfigDefaults {
+            default_job: "ci-runner".to_string(),
+            default_repo_max: 2,
+        }
+    }
+}
+
+/// One validated document.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Config {
+    pub repos: BTreeMap<RepoName, RepoConfig>,
+}
+
+/// Where a repo's jobs come from and how its runners get credentials.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// A GitHub App: the daemon mints per-repo, per-permission installation tokens.
+    App,
+    /// A GitHub repo the App cannot be installed on: a polling token is read from Vault at
+    /// `vault_path`; the runner job itself reads the admin token at `register_vault_path`.
+    Vault {
+        vault_path: String,
+        register_vault_path: String,
+    },
+    /// A Forgejo repo: an API token is read from Vault at `vault_path`.
+    Forgejo { url: Url, vault_path: String },
+}
+
+impl Mode {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Mode::App => "app",
+            Mode::Vault { .. } => "vault",
+            Mode::Forgejo { .. } => "forgejo",
+        }
+    }
+
+    /// The Vault path the daemon itself reads, if any.
+    pub fn vault_path(&self) -> Option<&str> {
+        match self {
+            Mode::App => None,
+            Mode::Vault { vault_path, .. } | Mode::Forgejo { vault_path, .. } => Some(vault_path),
+        }
+    }
+
+    /// True for the modes whose runners talk to GitHub.
+    pub fn is_github(&self) -> bool {
+        !matches!(self, Mode::Forgejo { .. })
+    }
+}
+
+/// Routes jobs carrying `label` to the parent job `job`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Profile {
+    pub job: String,
+    pub label: String,
+    /// Caps this profile's in-flight children; `None` leaves only the repo's cap.
+    pub max_concurrent: Option<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RepoConfig {
+    pub repo: RepoName,
+    pub mode: Mode,
+    /// Caps all of the repo's in-flight children, resolved: the document's value, else the sum
+    /// of its profiles' caps (a profile without one counting `default_repo_max`), else
+    /// `default_repo_max`. `0` pauses the repo.
+    pub max_concurrent: u32,
+    /// First match wins.
+    pub profiles: Vec<Profile>,
+    /// Parent for jobs that match no profile, resolved: `defaultJob`, else `--default-job` in
+    /// `app` mode, else none (such jobs are unroutable).
+    pub default_job: Option<String>,
+    /// The label allow-list: a job with a label outside it is unroutable. `None` allows any.
+    /// In `forgejo` mode this is also what the job search asks for (defaulting to the profile
+    /// labels).
+    pub labels: Option<BTreeSet<String>>,
+}
+
+/// Where a job goes: which parent, under which profile.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route {
+    pub parent: String,
+    /// Index into the repo's `profiles`; `None` for the default job.
+    pub profile: Option<usize>,
+}
+
+/// Why a job cannot be routed to any parent.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Unroutable {
+    /// A label is outside the repo's `labels` allow-list.
+    LabelNotAllowed(String),
+    /// No profile matches and the repo has no default job.
+    NoParent,
+}
+
+impl std::fmt::Display for Unroutable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unroutable::LabelNotAllowed(label) => {
+                write!(f, "label {label:?} is not in the repo's labels")
+            }
+            Unroutable::NoParent => write!(f, "no profile matches and the repo has no default job"),
+        }
+    }
+}
+
+/// Labels GitHub adds to every self-hosted job; always allowed by a `labels` allow-list.
+pub const IMPLICIT_GITHUB_LABELS: &[&str] = &["self-hosted"];
+
+impl RepoConfig {
+    /// Routes a job by its labels: the first profile whose label the job carries, else the
+    /// default job.
+    pub fn route(&self, labels: &LabelSet) -> Result<Route, Unroutable> {
+        if let Some(allowed) = &self.labels {
+            for label in labels.iter() {
+                let implicit = self.mode.is_github() && IMPLICIT_GITHUB_LABELS.contains(&label);
+                if !implicit && !allowed.contains(label) {
+                    return Err(Unroutable::LabelNotAllowed(label.to_string()));
+                }
+            }
+        }
+        if let Some((index, profile)) = self
+            .profiles
+            .iter()
+            .enumerate()
+            .find(|(_, p)| labels.contains(&p.label))
+        {
+            return Ok(Route {
+                parent: profile.job.clone(),
+                profile: Some(index),
+            });
+        }
+        match &self.default_job {
+            Some(job) => Ok(Route {
+                parent: job.clone(),
+                profile: None,
+            }),
+            None => Err(Unroutable::NoParent),
+        }
+    }
+
+    /// Every parent job this repo can dispatch to.
+    pub fn parents(&self) -> BTreeSet<String> {
+        let mut parents: BTreeSet<String> = self.profiles.iter().map(|p| p.job.clone()).collect();
+        parents.extend(self.default_job.clone());
+        parents
+    }
+
+    /// The labels a Forgejo job search asks for: the allow-list, else the profile labels.
+    pub fn search_labels(&self) -> BTreeSet<String> {
+        match &self.labels {
+            Some(labels) => labels.clone(),
+            None => self.profiles.iter().map(|p| p.label.clone()).collect(),
+        }
+    }
+}
+
+impl Config {
+    /// Every parent job the document names.
+    pub fn parents(&self) -> BTreeSet<String> {
+        self.repos.values().flat_map(RepoConfig::parents).collect()
+    }
+}

@@ -1,0 +1,28 @@
+//! runner-scaler: keeps exactly enough ephemeral self-hosted CI runners in flight on Nomad
+//! for GitHub Actions and Forgejo Actions.
+//!
+//! # Layout
+//!
+//! Data flows one way: config → observe → plan → act → report.
+//!
+//! - [`model`]: the words of the domain (repo, label set, bucket, child, runner name).
+//! - [`config`]: the Consul document, raw JSON → validated [`config::Config`], every error at
+//!   once; the watcher task that keeps the last good document.
+//! - [`observe`]: the ports the loop reads through (queues, children) and the
+//!   [`observe::Snapshot`] of one tick, where a failed source is a gap, not an abort.
+//! - [`plan`]: pure: (config, snapshot, memory, now) → [`plan::Plan`]. No I/O, no clock.
+//! - [`act`]: carries out a plan through the ports it defines (mint, dispatch, purge).
+//! - [`report`]: the one place that logs decisions and counts them.
+//! - [`secrets`]: secret types and the port secrets are read through.
+//! - [`clients`]: GitHub, Forgejo, Nomad, Consul, Vault; wire types stay inside.
+//! - [`sim`]: twins of every service and the simulated world.
+//! - [`control_loop`]: one tick after another; the only owner of state kept between ticks.
+
+pub mod act;
+pub mod clients;
+pub mod config;
+pub mod model;
+pub mod observe;
+pub mod plan;
+pub mod secrets;
+pub mod sim;

@@ -1,0 +1,213 @@
+//! Observe: ask every source what the world looks like right now.
+//!
+//! The ports below are what the loop needs from the forges and from Nomad, nothing more. A
+//! source that cannot be read becomes a [`Gap`] in the [`Snapshot`], never an abort: the
+//! planner then holds back exactly what depended on the missing facts.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use crate::config::RepoConfig;
+use crate::model::{ChildId, ErrorClass, LabelSet, RepoName, RunnerName};
+
+/// A failure of one port call, classified so the loop can decide what to do about it. The
+/// message says what was being done and to what; it never carries a secret.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct PortError {
+    pub class: ErrorClass,
+    pub message: String,
+    /// Seconds the service asked us to wait (`retry-after`, or until a rate-limit reset).
+    pub retry_after_s: Option<u64>,
+}
+
+impl PortError {
+    pub fn new(class: ErrorClass, message: impl Into<String>) -> PortError {
+        PortError {
+            class,
+            message: message.into(),
+            retry_after_s: None,
+        }
+    }
+
+    pub fn with_retry_after(mut self, seconds: Option<u64>) -> PortError {
+        self.retry_after_s = seconds;
+        self
+    }
+
+    /// Prefixes the message with what the caller was doing: `list jobs for acme/api: <cause>`.
+    pub fn context(mut self, doing: impl fmt::Display) -> PortError {
+        self.message = format!("{doing}: {}", self.message);
+        self
+    }
+}
+
+/// Where a forge job stands, as far as the daemon cares.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JobState {
+    /// Waiting for a runner: new demand.
+    Queued,
+    /// Running on the named runner (GitHub names it; it may be anyone's runner).
+    InProgress { runner: Option<RunnerName> },
+    /// Claimed or running on a runner the forge does not name (Forgejo). Assumed to run on one
+    /// of its bucket's in-flight children, up to their number.
+    Claimed,
+}
+
+/// One self-hosted job of a repo, as a forge reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForgeJob {
+    pub id: u64,
+    /// The job's `runs-on` labels exactly as the forge returned them: untrusted.
+    pub labels: Vec<String>,
+    pub state: JobState,
+    /// When the job was queued: GitHub's `created_at`, or the daemon's first sighting of a
+    /// Forgejo job (Forgejo jobs carry no timestamps).
+    pub queued_at: DateTime<Utc>,
+}
+
+/// What a forge said about one repo this tick.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct RepoJobs {
+    pub jobs: Vec<ForgeJob>,
+    /// Set when a run listing reached GitHub's 1,000-result search cap: demand may be larger.
+    pub truncated: bool,
+}
+
+/// Reads one repo's queue. Implemented by the GitHub and Forgejo clients.
+#[async_trait]
+pub trait QueueSource: Send + Sync {
+    /// Lists the repo's self-hosted jobs that are queued or in progress. The planner joins
+    /// in-progress jobs to our runners by name, so the forges can be asked while Nomad is.
+    async fn list_jobs(&self, repo: &RepoConfig) -> Result<RepoJobs, PortError>;
+}
+
+/// A child job's status in Nomad.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ChildStatus {
+    Pending,
+    Running,
+    Dead,
+}
+
+impl ChildStatus {
+    /// `pending` or `running`, with or without an allocation: occupies a slot.
+    pub fn is_in_flight(self) -> bool {
+        !matches!(self, ChildStatus::Dead)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChildStatus::Pending => "pending",
+            ChildStatus::Running => "running",
+            ChildStatus::Dead => "dead",
+        }
+    }
+}
+
+/// Whether a child's allocation exists, from the job summary in Nomad's listing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Placement {
+    /// No allocation yet: the cluster could not place it, so no runner exists.
+    Unplaced,
+    /// An allocation is starting or running.
+    Placed,
+    /// Its allocations have all finished.
+    Finished,
+}
+
+/// One child of a parent job, keeping only the meta the daemon uses. Secrets in meta (a
+/// `runner_token`) are dropped at the parse boundary and never reach this type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Child {
+    pub id: ChildId,
+    pub parent: String,
+    pub status: ChildStatus,
+    pub placement: Placement,
+    /// False for a child dispatched by hand (no `managed_by=runner-scaler`): shown, never
+    /// counted, never purged.
+    pub ours: bool,
+    pub repo_url: Option<String>,
+    /// The `labels` meta, unparsed.
+    pub labels: Option<String>,
+    pub runner_name: Option<RunnerName>,
+    /// Nomad's `SubmitTime`.
+    pub submitted_at: Option<DateTime<Utc>>,
+}
+
+/// Lists a parent job's children. Implemented by the Nomad client.
+#[async_trait]
+pub trait ChildSource: Send + Sync {
+    /// All children of `parent` (ours and foreign) in one request.
+    async fn list_children(&self, parent: &str) -> Result<Vec<Child>, PortError>;
+}
+
+/// A fact the tick could not read. Whatever depends on it is held back this tick.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Gap {
+    pub class: ErrorClass,
+    pub message: String,
+}
+
+impl From<PortError> for Gap {
+    fn from(e: PortError) -> Gap {
+        Gap {
+            class: e.class,
+            message: e.message,
+        }
+    }
+}
+
+/// Everything observed in one tick: plain data for the planner.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Per repo of the document: its jobs, or why they could not be read.
+    pub repos: BTreeMap<RepoName, Result<RepoJobs, Gap>>,
+    /// Per parent job listed: its children, or why they could not be listed.
+    pub parents: BTreeMap<String, Result<Vec<Child>, Gap>>,
+    /// `repo_url` meta value → repo, for every repo of the document.
+    pub repo_urls: BTreeMap<String, RepoName>,
+}
+
+/// A child attributed to its bucket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OurChild<'a> {
+    pub child: &'a Child,
+    pub repo: Option<RepoName>,
+    pub labels: Option<LabelSet>,
+}
+
+impl Snapshot {
+    /// Our children of every listed parent, attributed to a repo (by `repo_url`) and a label
+    /// set (by `labels` meta) where those can be read.
+    pub fn our_children(&self) -> impl Iterator<Item = OurChild<'_>> {
+        self.parents
+            .values()
+            .filter_map(|listing| listing.as_ref().ok())
+            .flatten()
+            .filter(|child| child.ours)
+            .map(|child| OurChild {
+                child,
+                repo: child
+                    .repo_url
+                    .as_ref()
+                    .and_then(|url| self.repo_urls.get(url.trim_end_matches('/')))
+                    .cloned(),
+                labels: child
+                    .labels
+                    .as_deref()
+                    .and_then(|meta| LabelSet::from_meta(meta).ok()),
+            })
+    }
+
+    /// The runner names of our in-flight children of `repo`.
+    pub fn runner_names_of(&self, repo: &RepoName) -> BTreeSet<RunnerName> {
+        self.our_children()
+            .filter(|c| c.repo.as_ref() == Some(repo) && c.child.status.is_in_flight())
+            .filter_map(|c| c.child.runner_name.clone())
+            .collect()
+    }
+}

@@ -1,0 +1,480 @@
+//! Plan: a pure function from what was observed to what should be done.
+//!
+//! No I/O, no clock reads, no logging: `now` is an input and the output is plain data in
+//! which every decision carries its reason, so "why didn't it scale?" has an answer in the
+//! log, in `once --dry-run` and in `status`.
+//!
+//! Per bucket (repo, label set):
+//! `demand = queued jobs + jobs in progress on this bucket's runners`,
+//! `supply = our in-flight children`, `missing = demand − supply`, then capped by the
+//! profile's, the repo's and the global cap, where every in-flight child counts against the
+//! caps and buckets that share a cap are served oldest queued job first.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+
+use crate::config::{Config, RepoConfig, Route, Unroutable};
+use crate::model::{BucketKey, ChildId, LabelRejection, LabelSet, RepoName, RunnerName};
+use crate::observe::{JobState, Snapshot};
+
+/// Limits from process settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PlanSettings {
+    /// `--max-in-flight`: caps all our in-flight children; `None` leaves only the per-repo caps.
+    pub max_in_flight: Option<u32>,
+}
+
+/// Dispatching held back by something the loop learned earlier (a refusal, an error that
+/// waits for a fix), kept by the control loop and honoured here.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Holds {
+    /// (parent, repo) → why dispatching that parent for that repo is held.
+    pub parents: BTreeMap<(String, RepoName), String>,
+    /// repo → why dispatching for the repo is held (e.g. minting was refused).
+    pub repos: BTreeMap<RepoName, String>,
+}
+
+/// Everything the planner reads.
+#[derive(Clone, Copy, Debug)]
+pub struct PlanInput<'a> {
+    pub config: &'a Config,
+    pub snapshot: &'a Snapshot,
+    pub settings: PlanSettings,
+    pub holds: &'a Holds,
+    pub now: DateTime<Utc>,
+}
+
+/// Why a bucket gets fewer runners than it is missing, or none.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum HoldReason {
+    /// Supply already meets demand.
+    Satisfied,
+    /// The repo's `maxConcurrent` is 0.
+    Paused,
+    ProfileCap,
+    RepoCap,
+    GlobalCap,
+    /// The repo's jobs could not be read this tick.
+    QueueUnknown(String),
+    /// A parent's children could not be listed, so the in-flight count is not fresh.
+    InFlightUnknown(String),
+    /// The bucket's jobs have no parent to go to.
+    Unroutable(String),
+    /// The repo left the document; its children are only shown and purged.
+    NotConfigured,
+    /// Held by an earlier refusal until it is fixed or retried.
+    Held(String),
+}
+
+impl fmt::Display for HoldReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HoldReason::Satisfied => f.write_str("in-flight runners cover demand"),
+            HoldReason::Paused => f.write_str("repo paused (maxConcurrent 0)"),
+            HoldReason::ProfileCap => f.write_str("profile cap reached"),
+            HoldReason::RepoCap => f.write_str("repo cap reached"),
+            HoldReason::GlobalCap => f.write_str("global cap (--max-in-flight) reached"),
+            HoldReason::QueueUnknown(why) => write!(f, "queue unknown: {why}"),
+            HoldReason::InFlightUnknown(why) => write!(f, "in-flight count unknown: {why}"),
+            HoldReason::Unroutable(why) => write!(f, "unroutable: {why}"),
+            HoldReason::NotConfigured => f.write_str("repo not in the document"),
+            HoldReason::Held(why) => write!(f, "held: {why}"),
+        }
+    }
+}
+
+/// The plan for one bucket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BucketPlan {
+    pub key: BucketKey,
+    /// The parent job its jobs route to, when they route.
+    pub parent: Option<String>,
+    pub queued: u32,
+    /// Jobs in progress on this bucket's runners.
+    pub in_progress: u32,
+    /// Our in-flight children of this bucket (pending or running, placed or not).
+    pub in_flight: u32,
+    /// The tightest cap that applies: profile, repo or global.
+    pub cap: Option<u32>,
+    pub missing: u32,
+    pub to_dispatch: u32,
+    /// Set whenever `to_dispatch < missing`, or when nothing is missing.
+    pub reason: Option<HoldReason>,
+    pub oldest_queued_at: Option<DateTime<Utc>>,
+    /// Seconds the oldest queued job has waited, at `now`.
+    pub oldest_wait_s: Option<u64>,
+}
+
+/// One runner to dispatch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedDispatch {
+    pub bucket: BucketKey,
+    pub parent: String,
+}
+
+/// Why a job cannot be served by any runner of ours.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UnroutableReason {
+    LabelRejected(LabelRejection),
+    NoRoute(Unroutable),
+}
+
+impl fmt::Display for UnroutableReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UnroutableReason::LabelRejected(why) => write!(f, "label rejected: {why}"),
+            UnroutableReason::NoRoute(why) => write!(f, "{why}"),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnroutableJob {
+    pub repo: RepoName,
+    pub job_id: u64,
+    pub reason: UnroutableReason,
+}
+
+/// What one tick should do, and why.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub buckets: Vec<BucketPlan>,
+    /// In the order to carry them out: oldest queued job first.
+    pub dispatches: Vec<PlannedDispatch>,
+    /// Our children whose status is dead (to be re-read before purging).
+    pub purges: Vec<ChildId>,
+    pub unroutable: Vec<UnroutableJob>,
+    /// Queued jobs across all repos read this tick.
+    pub queued_total: u32,
+    /// Our in-flight children across all parents listed this tick.
+    pub in_flight_total: u32,
+}
+
+/// Counters of our in-flight children along each cap.
+#[derive(Default)]
+struct InFlight {
+    total: u32,
+    per_repo: BTreeMap<RepoName, u32>,
+    per_profile: BTreeMap<(RepoName, usize), u32>,
+    per_bucket: BTreeMap<BucketKey, u32>,
+    /// runner name → the bucket of the child it runs in.
+    runners: BTreeMap<RunnerName, BucketKey>,
+}
+
+#[derive(Default)]
+struct Demand {
+    queued_at: Vec<DateTime<Utc>>,
+    in_progress: u32,
+    /// Forgejo jobs claimed by a runner it does not name.
+    claimed: u32,
+}
+
+/// Computes the plan. Pure: the same input always gives the same plan.
+pub fn plan(input: PlanInput<'_>) -> Plan {
+    let PlanInput {
+        config,
+        snapshot,
+        settings,
+        holds,
+        now,
+    } = input;
+    let mut out = Plan::default();
+
+    // Supply, counted from Nomad's own listing.
+    let mut in_flight = InFlight::default();
+    for ours in snapshot.our_children() {
+        let child = ours.child;
+        if !child.status.is_in_flight() {
+            out.purges.push(child.id.clone());
+            continue;
+        }
+        in_flight.total += 1;
+        let Some(repo) = ours.repo else { continue };
+        *in_flight.per_repo.entry(repo.clone()).or_default() += 1;
+        let Some(labels) = ours.labels else { continue };
+        if let Some(Ok(Route {
+            profile: Some(index),
+            ..
+        })) = config.repos.get(&repo).map(|r| r.route(&labels))
+        {
+            *in_flight.per_profile.entry((repo.clone(), index)).or_default() += 1;
+        }
+        let key = BucketKey { repo, labels };
+        *in_flight.per_bucket.entry(key.clone()).or_default() += 1;
+        if let Some(name) = &child.runner_name {
+            in_flight.runners.insert(name.clone(), key);
+        }
+    }
+    out.in_flight_total = in_flight.total;
+    out.purges.sort();
+
+    // Demand, from the forges.
+    let mut demand: BTreeMap<BucketKey, Demand> = BTreeMap::new();
+    for (repo, listing) in &snapshot.repos {
+        let Ok(listing) = listing else { continue };
+        for job in &listing.jobs {
+            let labels = match LabelSet::parse(&job.labels) {
+                Ok(labels) => labels,
+                Err(why) => {
+                    if job.state == JobState::Queued {
+                        out.unroutable.push(UnroutableJob {
+                            repo: repo.clone(),
+                            job_id: job.id,
+                            reason: UnroutableReason::LabelRejected(why),
+                        });
+                    }
+                    continue;
+                }
+            };
+            match &job.state {
+                JobState::Queued => {
+                    out.queued_total += 1;
+                    let key = BucketKey {
+                        repo: repo.clone(),
+                        labels,
+                    };
+                    demand.entry(key).or_default().queued_at.push(job.queued_at);
+                }
+                // A job counts in the bucket of the runner that runs it, which may differ
+                // from its own labels when a runner with more labels took it.
+                JobState::InProgress { runner: Some(name) } => {
+                    if let Some(key) = in_flight.runners.get(name)
+                        && &key.repo == repo
+                    {
+                        demand.entry(key.clone()).or_default().in_progress += 1;
+                    }
+                }
+                JobState::InProgress { runner: None } => {}
+                JobState::Claimed => {
+                    let key = BucketKey {
+                        repo: repo.clone(),
+                        labels,
+                    };
+                    demand.entry(key).or_default().claimed += 1;
+                }
+            }
+        }
+    }
+
+    // Every bucket that has demand or supply.
+    let keys: BTreeSet<BucketKey> = demand
+        .keys()
+        .chain(in_flight.per_bucket.keys())
+        .cloned()
+        .collect();
+    let global_gap = first_parent_gap(snapshot, snapshot.parents.keys());
+
+    struct Candidate {
+        index: usize,
+        profile: Option<usize>,
+        /// When the job each missing runner would serve was queued, oldest first.
+        serves: Vec<DateTime<Utc>>,
+    }
+    let mut candidates = Vec::new();
+    for key in keys {
+        let mut d = demand.remove(&key).unwrap_or_default();
+        d.queued_at.sort();
+        let supply = in_flight.per_bucket.get(&key).copied().unwrap_or(0);
+        // Forgejo names no runner on a job: a claimed job is assumed to run on one of its
+        // bucket's children, up to their number, so a job on someone else's runner never
+        // makes us dispatch.
+        let in_progress = d.in_progress + d.claimed.min(supply);
+        let queued = d.queued_at.len() as u32;
+        let missing = (queued + in_progress).saturating_sub(supply);
+        let repo_config = config.repos.get(&key.repo);
+        let route = repo_config.map(|r| r.route(&key.labels));
+        let mut bucket = BucketPlan {
+            parent: route
+                .as_ref()
+                .and_then(|r| r.as_ref().ok())
+                .map(|r| r.parent.clone()),
+            queued,
+            in_progress,
+            in_flight: supply,
+            cap: repo_config.map(|r| tightest_cap(r, route.as_ref(), settings)),
+            missing,
+            to_dispatch: 0,
+            reason: None,
+            oldest_queued_at: d.queued_at.first().copied(),
+            oldest_wait_s: d
+                .queued_at
+                .first()
+                .map(|t| (now - *t).num_seconds().max(0) as u64),
+            key,
+        };
+        let hold = hold_before_caps(
+            &bucket,
+            repo_config,
+            route.as_ref(),
+            snapshot,
+            holds,
+            settings,
+            global_gap.as_deref(),
+        );
+        if let Some(reason) = hold {
+            bucket.reason = Some(reason);
+        } else if missing == 0 {
+            bucket.reason = Some(HoldReason::Satisfied);
+        } else if let Some(Ok(route)) = route {
+            let first = d.queued_at.len() - missing as usize;
+            candidates.push(Candidate {
+                index: out.buckets.len(),
+                profile: route.profile,
+                serves: d.queued_at[first..].to_vec(),
+            });
+        }
+        out.buckets.push(bucket);
+    }
+
+    // Unroutable queued jobs, one entry per job.
+    for (repo, listing) in &snapshot.repos {
+        let (Ok(listing), Some(repo_config)) = (listing, config.repos.get(repo)) else {
+            continue;
+        };
+        for job in listing.jobs.iter().filter(|j| j.state == JobState::Queued) {
+            if let Ok(labels) = LabelSet::parse(&job.labels)
+                && let Err(why) = repo_config.route(&labels)
+            {
+                out.unroutable.push(UnroutableJob {
+                    repo: repo.clone(),
+                    job_id: job.id,
+                    reason: UnroutableReason::NoRoute(why),
+                });
+            }
+        }
+    }
+    out.unroutable
+        .sort_by(|a, b| (&a.repo, a.job_id).cmp(&(&b.repo, b.job_id)));
+
+    // Share the caps: every missing runner in the order of the job it would serve.
+    let mut units: Vec<(DateTime<Utc>, usize)> = candidates
+        .iter()
+        .enumerate()
+        .flat_map(|(c, cand)| cand.serves.iter().map(move |t| (*t, c)))
+        .collect();
+    // Ties are broken by bucket order, which is deterministic (the order of bucket keys).
+    units.sort_by_key(|(t, c)| (*t, candidates[*c].index));
+    let mut repo_used = in_flight.per_repo.clone();
+    let mut profile_used = in_flight.per_profile.clone();
+    let mut total_used = in_flight.total;
+    for (_, c) in units {
+        let cand = &candidates[c];
+        let bucket = &mut out.buckets[cand.index];
+        let repo_config = &config.repos[&bucket.key.repo];
+        let repo_now = repo_used.entry(bucket.key.repo.clone()).or_default();
+        let blocked = if settings.max_in_flight.is_some_and(|cap| total_used >= cap) {
+            Some(HoldReason::GlobalCap)
+        } else if *repo_now >= repo_config.max_concurrent {
+            Some(HoldReason::RepoCap)
+        } else if let Some(index) = cand.profile
+            && let Some(cap) = repo_config.profiles[index].max_concurrent
+            && profile_used
+                .get(&(bucket.key.repo.clone(), index))
+                .copied()
+                .unwrap_or(0)
+                >= cap
+        {
+            Some(HoldReason::ProfileCap)
+        } else {
+            None
+        };
+        match blocked {
+            Some(reason) => {
+                // The first cap that stopped a bucket is its reason.
+                bucket.reason.get_or_insert(reason);
+            }
+            None => {
+                *repo_now += 1;
+                total_used += 1;
+                if let Some(index) = cand.profile {
+                    *profile_used
+                        .entry((bucket.key.repo.clone(), index))
+                        .or_default() += 1;
+                }
+                bucket.to_dispatch += 1;
+                out.dispatches.push(PlannedDispatch {
+                    bucket: bucket.key.clone(),
+                    parent: bucket.parent.clone().expect("candidates have a route"),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The tightest of the caps that apply to a bucket.
+fn tightest_cap(
+    repo: &RepoConfig,
+    route: Option<&Result<Route, Unroutable>>,
+    settings: PlanSettings,
+) -> u32 {
+    let profile_cap = route
+        .and_then(|r| r.as_ref().ok())
+        .and_then(|r| r.profile)
+        .and_then(|i| repo.profiles[i].max_concurrent);
+    [Some(repo.max_concurrent), profile_cap, settings.max_in_flight]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(repo.max_concurrent)
+}
+
+/// The first listing gap among `parents`, as a message.
+fn first_parent_gap<'a>(
+    snapshot: &Snapshot,
+    parents: impl IntoIterator<Item = &'a String>,
+) -> Option<String> {
+    parents.into_iter().find_map(|parent| match snapshot.parents.get(parent) {
+        Some(Ok(_)) => None,
+        Some(Err(gap)) => Some(format!("list children of {parent}: {}", gap.message)),
+        None => Some(format!("children of {parent} were not listed")),
+    })
+}
+
+/// What stops a bucket from dispatching regardless of caps, in order of precedence.
+fn hold_before_caps(
+    bucket: &BucketPlan,
+    repo: Option<&RepoConfig>,
+    route: Option<&Result<Route, Unroutable>>,
+    snapshot: &Snapshot,
+    holds: &Holds,
+    settings: PlanSettings,
+    global_gap: Option<&str>,
+) -> Option<HoldReason> {
+    let Some(repo) = repo else {
+        return Some(HoldReason::NotConfigured);
+    };
+    if let Some(Err(gap)) = snapshot.repos.get(&repo.repo) {
+        return Some(HoldReason::QueueUnknown(gap.message.clone()));
+    }
+    let route = match route {
+        Some(Ok(route)) => route,
+        Some(Err(why)) => return Some(HoldReason::Unroutable(why.to_string())),
+        None => return Some(HoldReason::NotConfigured),
+    };
+    if bucket.missing == 0 {
+        return None;
+    }
+    // Never dispatch without a fresh in-flight count: every parent of the repo counts
+    // against its cap, and every parent listed counts against the global cap.
+    if let Some(gap) = first_parent_gap(snapshot, repo.parents().iter()) {
+        return Some(HoldReason::InFlightUnknown(gap));
+    }
+    if settings.max_in_flight.is_some()
+        && let Some(gap) = global_gap
+    {
+        return Some(HoldReason::InFlightUnknown(gap.to_string()));
+    }
+    if repo.max_concurrent == 0 {
+        return Some(HoldReason::Paused);
+    }
+    if let Some(why) = holds.repos.get(&repo.repo) {
+        return Some(HoldReason::Held(why.clone()));
+    }
+    if let Some(why) = holds.parents.get(&(route.parent.clone(), repo.repo.clone())) {
+        return Some(HoldReason::Held(why.clone()));
+    }
+    None
+}
