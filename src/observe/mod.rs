@@ -64,9 +64,9 @@ pub struct ForgeJob {
     /// The job's `runs-on` labels exactly as the forge returned them: untrusted.
     pub labels: Vec<String>,
     pub state: JobState,
-    /// When the job was queued: GitHub's `created_at`, or the daemon's first sighting of a
-    /// Forgejo job (Forgejo jobs carry no timestamps).
-    pub queued_at: DateTime<Utc>,
+    /// When the job was queued: GitHub's `created_at`. `None` from Forgejo, whose jobs carry
+    /// no timestamps; the control loop fills in its first sighting before planning.
+    pub queued_at: Option<DateTime<Utc>>,
 }
 
 /// What a forge said about one repo this tick.

@@ -235,7 +235,9 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
                         repo: repo.clone(),
                         labels,
                     };
-                    demand.entry(key).or_default().queued_at.push(job.queued_at);
+                    // The loop fills in first sightings; a job without one sorts as if queued now.
+                    let queued_at = job.queued_at.unwrap_or(now);
+                    demand.entry(key).or_default().queued_at.push(queued_at);
                 }
                 // A job counts in the bucket of the runner that runs it, which may differ
                 // from its own labels when a runner with more labels took it.
