@@ -293,10 +293,7 @@ mod tests {
 
     #[test]
     fn repo_names_compare_case_insensitively() {
-        assert_eq!(
-            RepoName::parse("Acme/API"),
-            RepoName::parse("acme/api")
-        );
+        assert_eq!(RepoName::parse("Acme/API"), RepoName::parse("acme/api"));
         for bad in ["acme", "/api", "acme/", "a/b/c", "acme/a b", "../x"] {
             assert!(RepoName::parse(bad).is_none(), "{bad} accepted");
         }
@@ -307,7 +304,11 @@ mod tests {
         let name = RunnerName::for_parent(&"Very_Long.Parent".repeat(10), "3f9c2a1b7d04");
         assert!(name.0.len() <= RUNNER_NAME_LEN_MAX);
         assert!(name.0.ends_with("-3f9c2a1b7d04"));
-        assert!(name.0.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'));
+        assert!(
+            name.0
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        );
         assert_eq!(
             RunnerName::for_parent("ci-runner", "3f9c2a1b7d04").0,
             "ci-runner-3f9c2a1b7d04"

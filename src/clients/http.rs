@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::observe::PortError;
 use crate::model::ErrorClass;
+use crate::observe::PortError;
 
 /// Default timeout of one HTTP request. GitHub itself gives up on requests after 10 s.
 pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(15);

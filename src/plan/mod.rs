@@ -199,7 +199,10 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             ..
         })) = config.repos.get(&repo).map(|r| r.route(&labels))
         {
-            *in_flight.per_profile.entry((repo.clone(), index)).or_default() += 1;
+            *in_flight
+                .per_profile
+                .entry((repo.clone(), index))
+                .or_default() += 1;
         }
         let key = BucketKey { repo, labels };
         *in_flight.per_bucket.entry(key.clone()).or_default() += 1;
@@ -416,11 +419,15 @@ fn tightest_cap(
         .and_then(|r| r.as_ref().ok())
         .and_then(|r| r.profile)
         .and_then(|i| repo.profiles[i].max_concurrent);
-    [Some(repo.max_concurrent), profile_cap, settings.max_in_flight]
-        .into_iter()
-        .flatten()
-        .min()
-        .unwrap_or(repo.max_concurrent)
+    [
+        Some(repo.max_concurrent),
+        profile_cap,
+        settings.max_in_flight,
+    ]
+    .into_iter()
+    .flatten()
+    .min()
+    .unwrap_or(repo.max_concurrent)
 }
 
 /// The first listing gap among `parents`, as a message.
@@ -428,11 +435,13 @@ fn first_parent_gap<'a>(
     snapshot: &Snapshot,
     parents: impl IntoIterator<Item = &'a String>,
 ) -> Option<String> {
-    parents.into_iter().find_map(|parent| match snapshot.parents.get(parent) {
-        Some(Ok(_)) => None,
-        Some(Err(gap)) => Some(format!("list children of {parent}: {}", gap.message)),
-        None => Some(format!("children of {parent} were not listed")),
-    })
+    parents
+        .into_iter()
+        .find_map(|parent| match snapshot.parents.get(parent) {
+            Some(Ok(_)) => None,
+            Some(Err(gap)) => Some(format!("list children of {parent}: {}", gap.message)),
+            None => Some(format!("children of {parent} were not listed")),
+        })
 }
 
 /// What stops a bucket from dispatching regardless of caps, in order of precedence.
@@ -475,8 +484,14 @@ fn hold_before_caps(
     if let Some(why) = holds.repos.get(&repo.repo) {
         return Some(HoldReason::Held(why.clone()));
     }
-    if let Some(why) = holds.parents.get(&(route.parent.clone(), repo.repo.clone())) {
+    if let Some(why) = holds
+        .parents
+        .get(&(route.parent.clone(), repo.repo.clone()))
+    {
         return Some(HoldReason::Held(why.clone()));
     }
     None
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,638 @@
+//! The planner as tables: each case states a claim about one situation.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Duration, TimeZone, Utc};
+
+use super::*;
+use crate::config::{Mode, Profile, RepoConfig};
+use crate::model::ErrorClass;
+use crate::observe::{Child, ChildStatus, ForgeJob, Gap, JobState, Placement, RepoJobs};
+
+fn t0() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap()
+}
+
+fn repo(name: &str) -> RepoName {
+    RepoName::parse(name).unwrap()
+}
+
+fn url(name: &str) -> String {
+    format!("https://github.com/{name}")
+}
+
+fn labels(list: &[&str]) -> LabelSet {
+    LabelSet::parse(list).unwrap()
+}
+
+/// An app-mode repo routing everything to `ci-runner`, capped at `cap`.
+fn app_repo(name: &str, cap: u32) -> RepoConfig {
+    RepoConfig {
+        repo: repo(name),
+        mode: Mode::App,
+        max_concurrent: cap,
+        profiles: vec![],
+        default_job: Some("ci-runner".into()),
+        labels: None,
+    }
+}
+
+fn with_profile(mut r: RepoConfig, job: &str, label: &str, cap: Option<u32>) -> RepoConfig {
+    r.profiles.push(Profile {
+        job: job.into(),
+        label: label.into(),
+        max_concurrent: cap,
+    });
+    r
+}
+
+struct World {
+    config: Config,
+    snapshot: Snapshot,
+    holds: Holds,
+    settings: PlanSettings,
+    next_id: u64,
+}
+
+impl World {
+    fn new(repos: Vec<RepoConfig>) -> World {
+        let mut snapshot = Snapshot::default();
+        let mut config = Config::default();
+        for r in repos {
+            snapshot
+                .repos
+                .insert(r.repo.clone(), Ok(RepoJobs::default()));
+            snapshot
+                .repo_urls
+                .insert(url(&r.repo.to_string()), r.repo.clone());
+            for parent in r.parents() {
+                snapshot.parents.insert(parent, Ok(vec![]));
+            }
+            config.repos.insert(r.repo.clone(), r);
+        }
+        World {
+            config,
+            snapshot,
+            holds: Holds::default(),
+            settings: PlanSettings::default(),
+            next_id: 1,
+        }
+    }
+
+    fn job(&mut self, name: &str, job_labels: &[&str], state: JobState, age_s: i64) -> &mut Self {
+        self.next_id += 1;
+        let job = ForgeJob {
+            id: self.next_id,
+            labels: job_labels.iter().map(|s| s.to_string()).collect(),
+            state,
+            queued_at: Some(t0() - Duration::seconds(age_s)),
+        };
+        self.snapshot
+            .repos
+            .get_mut(&repo(name))
+            .unwrap()
+            .as_mut()
+            .unwrap()
+            .jobs
+            .push(job);
+        self
+    }
+
+    fn queued(&mut self, name: &str, job_labels: &[&str], age_s: i64) -> &mut Self {
+        self.job(name, job_labels, JobState::Queued, age_s)
+    }
+
+    fn child(
+        &mut self,
+        parent: &str,
+        name: &str,
+        child_labels: &[&str],
+        runner: &str,
+        status: ChildStatus,
+        placement: Placement,
+    ) -> &mut Self {
+        self.next_id += 1;
+        let child = Child {
+            id: ChildId(format!("{parent}/dispatch-1789592462-{:08x}", self.next_id)),
+            parent: parent.into(),
+            status,
+            placement,
+            ours: true,
+            repo_url: Some(url(name)),
+            labels: Some(labels(child_labels).to_meta()),
+            runner_name: Some(RunnerName(runner.into())),
+            submitted_at: None,
+        };
+        self.snapshot
+            .parents
+            .entry(parent.into())
+            .or_insert_with(|| Ok(vec![]))
+            .as_mut()
+            .unwrap()
+            .push(child);
+        self
+    }
+
+    fn plan(&self) -> Plan {
+        plan(PlanInput {
+            config: &self.config,
+            snapshot: &self.snapshot,
+            settings: self.settings,
+            holds: &self.holds,
+            now: t0(),
+        })
+    }
+}
+
+fn bucket<'a>(plan: &'a Plan, name: &str, bucket_labels: &[&str]) -> &'a BucketPlan {
+    let key = BucketKey {
+        repo: repo(name),
+        labels: labels(bucket_labels),
+    };
+    plan.buckets
+        .iter()
+        .find(|b| b.key == key)
+        .unwrap_or_else(|| panic!("no bucket {key} in {:#?}", plan.buckets))
+}
+
+const SH: &[&str] = &["self-hosted"];
+
+#[test]
+fn one_queued_job_gets_one_runner() {
+    let mut w = World::new(vec![app_repo("acme/api", 3)]);
+    w.queued("acme/api", SH, 10);
+    let p = w.plan();
+    assert_eq!(p.dispatches.len(), 1);
+    assert_eq!(p.dispatches[0].parent, "ci-runner");
+    assert_eq!((p.queued_total, p.in_flight_total), (1, 0));
+}
+
+#[test]
+fn a_pending_child_without_allocation_is_supply() {
+    // The cluster is full: the child cannot be placed, yet it occupies the slot and serves
+    // the job once placed. Dispatching again every tick is the seed's bug (lesson 5).
+    let mut w = World::new(vec![app_repo("acme/api", 3)]);
+    w.queued("acme/api", SH, 10).child(
+        "ci-runner",
+        "acme/api",
+        SH,
+        "r1",
+        ChildStatus::Pending,
+        Placement::Unplaced,
+    );
+    let p = w.plan();
+    assert!(p.dispatches.is_empty());
+    assert_eq!(
+        bucket(&p, "acme/api", SH).reason,
+        Some(HoldReason::Satisfied)
+    );
+    assert_eq!(p.in_flight_total, 1);
+}
+
+#[test]
+fn a_busy_runner_is_not_supply_for_a_new_queued_job() {
+    // Cap 3, one child busy on an in-progress job, one new queued job → dispatch 1: the
+    // second push must not wait for the first build.
+    let mut w = World::new(vec![app_repo("acme/api", 3)]);
+    w.child(
+        "ci-runner",
+        "acme/api",
+        SH,
+        "r1",
+        ChildStatus::Running,
+        Placement::Placed,
+    )
+    .job(
+        "acme/api",
+        SH,
+        JobState::InProgress {
+            runner: Some(RunnerName("r1".into())),
+        },
+        60,
+    )
+    .queued("acme/api", SH, 5);
+    let p = w.plan();
+    assert_eq!(p.dispatches.len(), 1);
+    let b = bucket(&p, "acme/api", SH);
+    assert_eq!(
+        (b.queued, b.in_progress, b.in_flight, b.to_dispatch),
+        (1, 1, 1, 1)
+    );
+}
+
+#[test]
+fn a_job_counts_in_the_bucket_of_the_runner_that_took_it() {
+    // A runner with labels {go, self-hosted} took a {self-hosted} job: the go bucket is busy
+    // and its own go job is still queued, so go needs a runner; the plain job is served.
+    let mut w = World::new(vec![with_profile(
+        app_repo("acme/api", 5),
+        "go-ci-runner",
+        "go",
+        Some(3),
+    )]);
+    let go = &["self-hosted", "go"];
+    w.child(
+        "go-ci-runner",
+        "acme/api",
+        go,
+        "go1",
+        ChildStatus::Running,
+        Placement::Placed,
+    )
+    .child(
+        "ci-runner",
+        "acme/api",
+        SH,
+        "plain1",
+        ChildStatus::Running,
+        Placement::Placed,
+    )
+    .job(
+        "acme/api",
+        SH,
+        JobState::InProgress {
+            runner: Some(RunnerName("go1".into())),
+        },
+        60,
+    )
+    .queued("acme/api", go, 50);
+    let p = w.plan();
+    let go_bucket = bucket(&p, "acme/api", go);
+    assert_eq!(
+        (go_bucket.queued, go_bucket.in_progress, go_bucket.in_flight),
+        (1, 1, 1)
+    );
+    assert_eq!(go_bucket.to_dispatch, 1);
+    assert_eq!(p.dispatches.len(), 1);
+    assert_eq!(p.dispatches[0].parent, "go-ci-runner");
+    // The plain bucket's idle runner is left alone: nothing queued there, nothing dispatched.
+    assert_eq!(bucket(&p, "acme/api", SH).to_dispatch, 0);
+}
+
+#[test]
+fn in_progress_jobs_on_someone_elses_runner_are_not_demand() {
+    let mut w = World::new(vec![app_repo("acme/api", 3)]);
+    w.job(
+        "acme/api",
+        SH,
+        JobState::InProgress {
+            runner: Some(RunnerName("somebody-elses".into())),
+        },
+        60,
+    );
+    let p = w.plan();
+    assert!(p.dispatches.is_empty());
+    assert!(p.buckets.is_empty());
+}
+
+#[test]
+fn caps_count_every_in_flight_child_busy_or_idle() {
+    let mut w = World::new(vec![app_repo("acme/api", 2)]);
+    w.child(
+        "ci-runner",
+        "acme/api",
+        SH,
+        "r1",
+        ChildStatus::Running,
+        Placement::Placed,
+    )
+    .job(
+        "acme/api",
+        SH,
+        JobState::InProgress {
+            runner: Some(RunnerName("r1".into())),
+        },
+        60,
+    );
+    for age in [30, 20, 10] {
+        w.queued("acme/api", SH, age);
+    }
+    let p = w.plan();
+    let b = bucket(&p, "acme/api", SH);
+    assert_eq!((b.missing, b.to_dispatch), (3, 1));
+    assert_eq!(b.reason, Some(HoldReason::RepoCap));
+}
+
+#[test]
+fn profile_caps_bind_before_repo_caps() {
+    let mut w = World::new(vec![with_profile(
+        app_repo("acme/api", 10),
+        "vm-runner",
+        "vm",
+        Some(1),
+    )]);
+    let vm = &["self-hosted", "vm"];
+    w.queued("acme/api", vm, 30).queued("acme/api", vm, 20);
+    let p = w.plan();
+    let b = bucket(&p, "acme/api", vm);
+    assert_eq!(b.to_dispatch, 1);
+    assert_eq!(b.reason, Some(HoldReason::ProfileCap));
+    assert_eq!(b.cap, Some(1));
+}
+
+#[test]
+fn buckets_sharing_a_cap_are_served_oldest_job_first() {
+    let mut w = World::new(vec![with_profile(
+        app_repo("acme/api", 2),
+        "go-ci-runner",
+        "go",
+        None,
+    )]);
+    let go = &["self-hosted", "go"];
+    w.queued("acme/api", SH, 100)
+        .queued("acme/api", go, 300)
+        .queued("acme/api", go, 50)
+        .queued("acme/api", SH, 10);
+    let p = w.plan();
+    // Oldest two: go (300 s) and plain (100 s).
+    assert_eq!(bucket(&p, "acme/api", go).to_dispatch, 1);
+    assert_eq!(bucket(&p, "acme/api", SH).to_dispatch, 1);
+    assert_eq!(p.dispatches[0].parent, "go-ci-runner");
+    assert_eq!(p.dispatches[1].parent, "ci-runner");
+}
+
+#[test]
+fn the_global_cap_counts_children_of_every_repo() {
+    let mut w = World::new(vec![app_repo("acme/api", 5), app_repo("acme/web", 5)]);
+    w.settings.max_in_flight = Some(2);
+    w.child(
+        "ci-runner",
+        "acme/web",
+        SH,
+        "w1",
+        ChildStatus::Pending,
+        Placement::Unplaced,
+    )
+    .queued("acme/web", SH, 100)
+    .queued("acme/web", SH, 90)
+    .queued("acme/api", SH, 95)
+    .queued("acme/api", SH, 5);
+    let p = w.plan();
+    assert_eq!(p.dispatches.len(), 1);
+    assert_eq!(p.dispatches[0].bucket.repo, repo("acme/api"));
+    assert_eq!(
+        bucket(&p, "acme/web", SH).reason,
+        Some(HoldReason::GlobalCap)
+    );
+}
+
+#[test]
+fn zero_pauses_a_repo() {
+    let mut w = World::new(vec![app_repo("acme/api", 0)]);
+    w.queued("acme/api", SH, 10);
+    let p = w.plan();
+    assert!(p.dispatches.is_empty());
+    assert_eq!(bucket(&p, "acme/api", SH).reason, Some(HoldReason::Paused));
+}
+
+#[test]
+fn hostile_labels_are_unroutable_and_never_dispatched() {
+    let mut w = World::new(vec![app_repo("acme/api", 3)]);
+    w.queued("acme/api", &["self-hosted", "$(id)"], 10);
+    let p = w.plan();
+    assert!(p.dispatches.is_empty());
+    assert_eq!(p.unroutable.len(), 1);
+    assert!(matches!(
+        p.unroutable[0].reason,
+        UnroutableReason::LabelRejected(_)
+    ));
+}
+
+#[test]
+fn a_job_without_a_profile_or_default_job_is_unroutable() {
+    let mut r = with_profile(app_repo("acme/api", 3), "vm-runner", "vm", Some(1));
+    r.default_job = None;
+    let mut w = World::new(vec![r]);
+    w.queued("acme/api", SH, 10);
+    let p = w.plan();
+    assert!(p.dispatches.is_empty());
+    assert_eq!(
+        p.unroutable[0].reason,
+        UnroutableReason::NoRoute(Unroutable::NoParent)
+    );
+    assert!(matches!(
+        bucket(&p, "acme/api", SH).reason,
+        Some(HoldReason::Unroutable(_))
+    ));
+}
+
+#[test]
+fn labels_outside_the_allow_list_are_unroutable() {
+    let mut r = app_repo("acme/api", 3);
+    r.labels = Some(["linux".to_string()].into());
+    let mut w = World::new(vec![r]);
+    w.queued("acme/api", &["self-hosted", "linux"], 10).queued(
+        "acme/api",
+        &["self-hosted", "gpu"],
+        10,
+    );
+    let p = w.plan();
+    assert_eq!(p.dispatches.len(), 1);
+    assert_eq!(
+        p.unroutable[0].reason,
+        UnroutableReason::NoRoute(Unroutable::LabelNotAllowed("gpu".into()))
+    );
+}
+
+#[test]
+fn no_dispatch_without_a_fresh_in_flight_count() {
+    let mut w = World::new(vec![app_repo("acme/api", 3)]);
+    w.queued("acme/api", SH, 10);
+    w.snapshot.parents.insert(
+        "ci-runner".into(),
+        Err(Gap {
+            class: ErrorClass::Transient,
+            message: "connection refused".into(),
+        }),
+    );
+    let p = w.plan();
+    assert!(p.dispatches.is_empty());
+    assert!(matches!(
+        bucket(&p, "acme/api", SH).reason,
+        Some(HoldReason::InFlightUnknown(_))
+    ));
+}
+
+#[test]
+fn a_failed_parent_listing_holds_everything_under_a_global_cap() {
+    let mut w = World::new(vec![
+        app_repo("acme/api", 3),
+        with_profile(app_repo("acme/web", 3), "vm-runner", "vm", None),
+    ]);
+    w.settings.max_in_flight = Some(10);
+    w.queued("acme/api", SH, 10);
+    w.snapshot.parents.insert(
+        "vm-runner".into(),
+        Err(Gap {
+            class: ErrorClass::Transient,
+            message: "timeout".into(),
+        }),
+    );
+    assert!(w.plan().dispatches.is_empty());
+    w.settings.max_in_flight = None;
+    assert_eq!(w.plan().dispatches.len(), 1);
+}
+
+#[test]
+fn an_unreadable_queue_holds_only_its_repo() {
+    let mut w = World::new(vec![app_repo("acme/api", 3), app_repo("acme/web", 3)]);
+    w.queued("acme/web", SH, 10);
+    w.child(
+        "ci-runner",
+        "acme/api",
+        SH,
+        "r1",
+        ChildStatus::Pending,
+        Placement::Unplaced,
+    );
+    w.snapshot.repos.insert(
+        repo("acme/api"),
+        Err(Gap {
+            class: ErrorClass::Transient,
+            message: "502".into(),
+        }),
+    );
+    let p = w.plan();
+    assert_eq!(p.dispatches.len(), 1);
+    assert_eq!(p.dispatches[0].bucket.repo, repo("acme/web"));
+    assert!(matches!(
+        bucket(&p, "acme/api", SH).reason,
+        Some(HoldReason::QueueUnknown(_))
+    ));
+}
+
+#[test]
+fn dead_children_of_ours_are_purged_and_foreign_ones_never() {
+    let mut w = World::new(vec![app_repo("acme/api", 3)]);
+    w.child(
+        "ci-runner",
+        "acme/api",
+        SH,
+        "r1",
+        ChildStatus::Dead,
+        Placement::Finished,
+    )
+    .child(
+        "ci-runner",
+        "acme/api",
+        SH,
+        "r2",
+        ChildStatus::Dead,
+        Placement::Unplaced,
+    )
+    .child(
+        "ci-runner",
+        "acme/api",
+        SH,
+        "r3",
+        ChildStatus::Running,
+        Placement::Placed,
+    );
+    let listing = w
+        .snapshot
+        .parents
+        .get_mut("ci-runner")
+        .unwrap()
+        .as_mut()
+        .unwrap();
+    listing[2].ours = false;
+    listing.push(Child {
+        ours: false,
+        status: ChildStatus::Dead,
+        id: ChildId("ci-runner/dispatch-1-deadbeef".into()),
+        ..listing[0].clone()
+    });
+    let p = w.plan();
+    assert_eq!(p.purges.len(), 2);
+    assert!(
+        !p.purges
+            .contains(&ChildId("ci-runner/dispatch-1-deadbeef".into()))
+    );
+    // The foreign running child is not counted.
+    assert_eq!(p.in_flight_total, 0);
+}
+
+#[test]
+fn forgejo_claimed_jobs_count_only_up_to_the_buckets_children() {
+    let mut r = app_repo("alex/s3", 3);
+    r.mode = Mode::Forgejo {
+        url: url::Url::parse("http://forgejo:3000").unwrap(),
+        vault_path: "forgejo/scaler".into(),
+    };
+    let mut w = World::new(vec![r]);
+    let build = &["build"];
+    // Two jobs claimed (one possibly by someone else's runner), one child of ours, one new job.
+    w.job("alex/s3", build, JobState::Claimed, 60)
+        .job("alex/s3", build, JobState::Claimed, 50)
+        .queued("alex/s3", build, 5)
+        .child(
+            "ci-runner",
+            "alex/s3",
+            build,
+            "f1",
+            ChildStatus::Running,
+            Placement::Placed,
+        );
+    let p = w.plan();
+    let b = bucket(&p, "alex/s3", build);
+    assert_eq!((b.in_progress, b.in_flight, b.to_dispatch), (1, 1, 1));
+}
+
+#[test]
+fn children_of_a_repo_that_left_the_document_count_globally_but_never_dispatch() {
+    let mut w = World::new(vec![app_repo("acme/api", 3)]);
+    w.settings.max_in_flight = Some(1);
+    w.snapshot
+        .repo_urls
+        .insert(url("acme/gone"), repo("acme/gone"));
+    w.child(
+        "ci-runner",
+        "acme/gone",
+        SH,
+        "g1",
+        ChildStatus::Running,
+        Placement::Placed,
+    )
+    .queued("acme/api", SH, 10);
+    let p = w.plan();
+    assert!(p.dispatches.is_empty());
+    assert_eq!(
+        bucket(&p, "acme/gone", SH).reason,
+        Some(HoldReason::NotConfigured)
+    );
+    assert_eq!(
+        bucket(&p, "acme/api", SH).reason,
+        Some(HoldReason::GlobalCap)
+    );
+}
+
+#[test]
+fn holds_stop_only_their_parent_and_repo() {
+    let mut w = World::new(vec![app_repo("acme/api", 3), app_repo("acme/web", 3)]);
+    w.queued("acme/api", SH, 10).queued("acme/web", SH, 10);
+    w.holds.parents.insert(
+        ("ci-runner".into(), repo("acme/api")),
+        "Dispatch request included unpermitted metadata keys".into(),
+    );
+    let p = w.plan();
+    assert_eq!(p.dispatches.len(), 1);
+    assert_eq!(p.dispatches[0].bucket.repo, repo("acme/web"));
+}
+
+#[test]
+fn the_plan_is_deterministic() {
+    let mut w = World::new(vec![app_repo("acme/api", 4), app_repo("acme/web", 4)]);
+    for age in 0..6 {
+        w.queued("acme/api", SH, age * 7)
+            .queued("acme/web", SH, age * 7);
+    }
+    assert_eq!(w.plan(), w.plan());
+    let order: BTreeMap<_, _> = w
+        .plan()
+        .dispatches
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (i, d.bucket.repo.to_string()))
+        .collect();
+    assert_eq!(order.len(), 8);
+}
