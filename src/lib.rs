@@ -19,10 +19,14 @@
 //! - [`control_loop`]: one tick after another; the only owner of state kept between ticks.
 
 pub mod act;
+pub mod cli;
 pub mod clients;
+pub mod clock;
 pub mod config;
+pub mod control_loop;
 pub mod model;
 pub mod observe;
 pub mod plan;
+pub mod report;
 pub mod secrets;
 pub mod sim;

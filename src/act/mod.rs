@@ -6,7 +6,7 @@
 use async_trait::async_trait;
 use secrecy::SecretString;
 
-use crate::config::RepoConfig;
+use crate::config::{Mode, RepoConfig};
 use crate::model::{ChildId, RunnerName};
 use crate::observe::{ChildStatus, PortError};
 
@@ -28,6 +28,12 @@ pub trait Registrar: Send + Sync {
 
     /// The web URL a runner registers against (`https://github.com/owner/repo`).
     fn repo_url(&self, repo: &RepoConfig) -> String;
+}
+
+/// Finds the registrar for a repo's mode.
+pub trait Registrars: Sync {
+    /// `None` when the daemon has no client for `mode`.
+    fn for_mode(&self, mode: &Mode) -> Option<&dyn Registrar>;
 }
 
 /// The meta a child is dispatched with.
@@ -66,3 +72,5 @@ pub trait ChildControl: Send + Sync {
     /// Deregisters and purges a child (`DELETE /v1/job/<id>?purge=true`).
     async fn purge(&self, child: &ChildId) -> Result<(), PortError>;
 }
+
+pub mod execute;

@@ -1,0 +1,239 @@
+//! Carries out the dispatches and purges of a plan, one after another (GitHub and Nomad both
+//! prefer serialised writes), and reports what reality said.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use rand::RngCore;
+
+use super::{ChildControl, DispatchMeta, DispatchRequest, Registrars};
+use crate::config::Config;
+use crate::model::{BucketKey, ChildId, ErrorClass, RepoName, RunnerName};
+use crate::observe::{ChildStatus, PortError};
+use crate::plan::Plan;
+
+/// Attempts of one dispatch request when Nomad answers with a transient error; every attempt
+/// reuses the same idempotency token, so a request that did land is not dispatched twice.
+pub const DISPATCH_ATTEMPTS_MAX: u32 = 3;
+/// Pause before the second attempt; doubled for each further one.
+pub const DISPATCH_RETRY_DELAY: Duration = Duration::from_millis(250);
+
+/// Where the act step gets what it needs.
+pub struct ActPorts<'a> {
+    pub registrars: &'a dyn Registrars,
+    pub control: &'a dyn ChildControl,
+}
+
+/// What happened to one planned dispatch.
+#[derive(Debug)]
+pub enum DispatchOutcome {
+    Dispatched {
+        bucket: BucketKey,
+        parent: String,
+        runner_name: RunnerName,
+        child: ChildId,
+        minted: bool,
+        deduplicated: bool,
+    },
+    /// Minting a registration credential failed; nothing was dispatched.
+    MintFailed {
+        bucket: BucketKey,
+        parent: String,
+        error: PortError,
+    },
+    /// Nomad refused or could not be reached.
+    DispatchFailed {
+        bucket: BucketKey,
+        parent: String,
+        error: PortError,
+    },
+    /// Not attempted because an earlier failure this tick makes it pointless.
+    Skipped {
+        bucket: BucketKey,
+        parent: String,
+        why: String,
+    },
+}
+
+/// What happened to one planned purge.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PurgeOutcome {
+    Purged(ChildId),
+    /// Re-read at the moment of purging, it was no longer dead: reality vetoed.
+    Vetoed(ChildId, ChildStatus),
+    /// Already gone.
+    Gone(ChildId),
+    Failed(ChildId, PortError),
+}
+
+#[derive(Debug, Default)]
+pub struct ActReport {
+    pub dispatches: Vec<DispatchOutcome>,
+    pub purges: Vec<PurgeOutcome>,
+}
+
+impl ActReport {
+    /// New children this tick (deduplicated replays are not new).
+    pub fn started(&self) -> u32 {
+        self.dispatches
+            .iter()
+            .filter(|d| {
+                matches!(
+                    d,
+                    DispatchOutcome::Dispatched {
+                        deduplicated: false,
+                        ..
+                    }
+                )
+            })
+            .count() as u32
+    }
+}
+
+fn random_hex(rng: &mut (dyn RngCore + Send), len: usize) -> String {
+    let mut bytes = vec![0u8; len.div_ceil(2)];
+    rng.fill_bytes(&mut bytes);
+    let mut hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    hex.truncate(len);
+    hex
+}
+
+/// Carries out `plan`: mints and dispatches, then re-reads and purges.
+pub async fn carry_out(
+    plan: &Plan,
+    config: &Config,
+    ports: &ActPorts<'_>,
+    rng: &mut (dyn RngCore + Send),
+) -> ActReport {
+    let mut report = ActReport::default();
+    // Failures that make the rest of a repo's or a parent's dispatches pointless this tick.
+    let mut failed_repos: BTreeSet<RepoName> = BTreeSet::new();
+    let mut failed_parents: BTreeSet<(String, Option<RepoName>)> = BTreeSet::new();
+
+    for planned in &plan.dispatches {
+        let bucket = planned.bucket.clone();
+        let parent = planned.parent.clone();
+        let skip = if failed_repos.contains(&bucket.repo) {
+            Some(format!(
+                "an earlier mint for {} failed this tick",
+                bucket.repo
+            ))
+        } else if failed_parents.contains(&(parent.clone(), None))
+            || failed_parents.contains(&(parent.clone(), Some(bucket.repo.clone())))
+        {
+            Some(format!("an earlier dispatch of {parent} failed this tick"))
+        } else {
+            None
+        };
+        if let Some(why) = skip {
+            report.dispatches.push(DispatchOutcome::Skipped {
+                bucket,
+                parent,
+                why,
+            });
+            continue;
+        }
+        let Some(repo) = config.repos.get(&bucket.repo) else {
+            continue;
+        };
+        let Some(registrar) = ports.registrars.for_mode(&repo.mode) else {
+            report.dispatches.push(DispatchOutcome::Skipped {
+                bucket,
+                parent,
+                why: format!("no client for {} mode", repo.mode.as_str()),
+            });
+            continue;
+        };
+        let token = match registrar.mint(repo).await {
+            Ok(token) => token,
+            Err(error) => {
+                failed_repos.insert(bucket.repo.clone());
+                let error = error.context(format!("mint registration token for {}", bucket.repo));
+                report.dispatches.push(DispatchOutcome::MintFailed {
+                    bucket,
+                    parent,
+                    error,
+                });
+                continue;
+            }
+        };
+        let minted = token.is_some();
+        let request = DispatchRequest {
+            parent: parent.clone(),
+            meta: DispatchMeta {
+                repo_url: registrar.repo_url(repo),
+                labels: bucket.labels.to_meta(),
+                runner_name: RunnerName::for_parent(&parent, &random_hex(rng, 12)),
+                runner_token: token,
+            },
+            idempotency_token: random_hex(rng, 32),
+        };
+        match dispatch_with_retries(ports.control, &request).await {
+            Ok(dispatched) => report.dispatches.push(DispatchOutcome::Dispatched {
+                bucket,
+                parent,
+                runner_name: request.meta.runner_name.clone(),
+                child: dispatched.child,
+                minted,
+                deduplicated: dispatched.deduplicated,
+            }),
+            Err(error) => {
+                // A refusal that names the parent (missing, stopped, meta not permitted) is
+                // about this parent for this repo's meta; anything else about Nomad itself.
+                let scope = if error.class == ErrorClass::Configuration {
+                    Some(bucket.repo.clone())
+                } else {
+                    None
+                };
+                failed_parents.insert((parent.clone(), scope));
+                let error = error.context(format!("dispatch {parent} for {}", bucket.repo));
+                report.dispatches.push(DispatchOutcome::DispatchFailed {
+                    bucket,
+                    parent,
+                    error,
+                });
+            }
+        }
+    }
+
+    for child in &plan.purges {
+        report
+            .purges
+            .push(purge_if_still_dead(ports.control, child).await);
+    }
+    report
+}
+
+async fn dispatch_with_retries(
+    control: &dyn ChildControl,
+    request: &DispatchRequest,
+) -> Result<super::Dispatched, PortError> {
+    let mut delay = DISPATCH_RETRY_DELAY;
+    let mut attempt = 1;
+    loop {
+        match control.dispatch(request).await {
+            Err(e) if e.class == ErrorClass::Transient && attempt < DISPATCH_ATTEMPTS_MAX => {
+                attempt += 1;
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// Rules nominate, reality vetoes: the listing said dead; purge only if Nomad still says so.
+async fn purge_if_still_dead(control: &dyn ChildControl, child: &ChildId) -> PurgeOutcome {
+    match control.child_status(child).await {
+        Ok(None) => PurgeOutcome::Gone(child.clone()),
+        Ok(Some(ChildStatus::Dead)) => match control.purge(child).await {
+            Ok(()) => PurgeOutcome::Purged(child.clone()),
+            Err(e) => PurgeOutcome::Failed(child.clone(), e.context(format!("purge {child}"))),
+        },
+        Ok(Some(status)) => PurgeOutcome::Vetoed(child.clone(), status),
+        Err(e) => PurgeOutcome::Failed(
+            child.clone(),
+            e.context(format!("re-read {child} before purging")),
+        ),
+    }
+}

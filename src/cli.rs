@@ -1,0 +1,274 @@
+//! The command line: process settings from flags and the standard HashiCorp environment.
+//!
+//! Every non-secret setting is a flag named after its variable (`NOMAD_ADDR` ↔
+//! `--nomad-addr`). Secrets never are: they are read from the environment, or from the file a
+//! `*_FILE` variable names, by [`read_secret`], so they cannot show in `--help`, in `ps` or in
+//! shell history.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use secrecy::SecretString;
+use url::Url;
+
+/// Exit code for a missing or malformed process setting (sysexits' EX_USAGE).
+pub const EXIT_BAD_SETTINGS: i32 = 64;
+/// Exit code for invalid input or a failed check.
+pub const EXIT_INVALID: i32 = 1;
+
+const SECRETS_HELP: &str = "\
+Secrets are read only from the environment, never from flags:
+  NOMAD_TOKEN, CONSUL_HTTP_TOKEN, VAULT_TOKEN, and the GitHub App private key
+  (GITHUB_APP_PRIVATE_KEY_FILE, or GITHUB_APP_VAULT_PATH for a key kept in Vault).
+  NOMAD_TOKEN_FILE, CONSUL_HTTP_TOKEN_FILE and VAULT_TOKEN_FILE name files to read instead.";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "runner-scaler",
+    version,
+    about = "Autoscales ephemeral self-hosted CI runners on Nomad for GitHub Actions and Forgejo Actions",
+    after_help = SECRETS_HELP
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon: a tick at start, then one every --poll-interval.
+    Run(Box<DaemonArgs>),
+    /// Run one tick and exit.
+    Once {
+        #[command(flatten)]
+        daemon: Box<DaemonArgs>,
+        /// Print the plan and act on nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Print the tick as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show, per bucket, what is queued and in flight and why nothing was dispatched.
+    Status {
+        #[command(flatten)]
+        daemon: Box<DaemonArgs>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Work with the Consul document.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// Run the real daemon against twins of every service in a small simulated world.
+    Simulate(SimulateArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Validate a document (a file, or `-` for stdin) before it is written to Consul.
+    Check {
+        /// Path of the document, or `-` to read stdin.
+        file: String,
+        #[arg(long, env = "RUNNER_SCALER_DEFAULT_JOB", default_value = "ci-runner")]
+        default_job: String,
+        #[arg(long, env = "RUNNER_SCALER_DEFAULT_REPO_MAX", default_value_t = 2)]
+        default_repo_max: u32,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct SimulateArgs {
+    /// The scenario to run.
+    #[arg(long, default_value = "demo")]
+    pub scenario: String,
+    /// Run this many seeds.
+    #[arg(long, conflicts_with = "seed")]
+    pub seeds: Option<u64>,
+    /// Replay one seed.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Compare strategies and print the benchmark table.
+    #[arg(long)]
+    pub bench: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Settings of the daemon, `once` and `status`.
+#[derive(Debug, Args, Clone)]
+#[command(next_help_heading = "Settings")]
+pub struct DaemonArgs {
+    #[arg(
+        long,
+        env = "NOMAD_ADDR",
+        default_value = "http://127.0.0.1:4646",
+        hide_env_values = true
+    )]
+    pub nomad_addr: Url,
+    #[arg(long, env = "NOMAD_NAMESPACE", hide_env_values = true)]
+    pub nomad_namespace: Option<String>,
+    #[arg(long, env = "NOMAD_REGION", hide_env_values = true)]
+    pub nomad_region: Option<String>,
+    #[arg(long, env = "NOMAD_CACERT", hide_env_values = true)]
+    pub nomad_cacert: Option<PathBuf>,
+    #[arg(long, env = "NOMAD_CLIENT_CERT", hide_env_values = true)]
+    pub nomad_client_cert: Option<PathBuf>,
+    #[arg(long, env = "NOMAD_CLIENT_KEY", hide_env_values = true)]
+    pub nomad_client_key: Option<PathBuf>,
+
+    #[arg(
+        long,
+        env = "CONSUL_HTTP_ADDR",
+        default_value = "http://127.0.0.1:8500",
+        hide_env_values = true
+    )]
+    pub consul_http_addr: String,
+    #[arg(long, env = "CONSUL_CACERT", hide_env_values = true)]
+    pub consul_cacert: Option<PathBuf>,
+    /// The Consul KV key of the document.
+    #[arg(
+        long,
+        alias = "config-key",
+        env = "RUNNER_SCALER_CONFIG_KEY",
+        default_value = "runners/config",
+        hide_env_values = true
+    )]
+    pub runner_scaler_config_key: String,
+
+    #[arg(
+        long,
+        env = "VAULT_ADDR",
+        default_value = "http://127.0.0.1:8200",
+        hide_env_values = true
+    )]
+    pub vault_addr: Url,
+    #[arg(long, env = "VAULT_CACERT", hide_env_values = true)]
+    pub vault_cacert: Option<PathBuf>,
+    #[arg(long, env = "VAULT_NAMESPACE", hide_env_values = true)]
+    pub vault_namespace: Option<String>,
+    /// Mount of the KV v2 secrets engine the daemon reads.
+    #[arg(
+        long,
+        env = "VAULT_MOUNT",
+        default_value = "secret",
+        hide_env_values = true
+    )]
+    pub vault_mount: String,
+
+    /// GitHub's REST API: api.github.com, `https://<host>/api/v3` (GHES) or
+    /// `https://api.<tenant>.ghe.com` (GHE.com).
+    #[arg(
+        long,
+        env = "GITHUB_API_URL",
+        default_value = "https://api.github.com",
+        hide_env_values = true
+    )]
+    pub github_api_url: Url,
+    /// The GitHub App's id or client id (the JWT issuer).
+    #[arg(long, env = "GITHUB_APP_ID", hide_env_values = true)]
+    pub github_app_id: Option<String>,
+    /// File holding the App's PEM private key.
+    #[arg(long, env = "GITHUB_APP_PRIVATE_KEY_FILE", hide_env_values = true)]
+    pub github_app_private_key_file: Option<PathBuf>,
+    /// Installation used when the per-owner lookup finds none.
+    #[arg(long, env = "GITHUB_APP_INSTALLATION_ID", hide_env_values = true)]
+    pub github_app_installation_id: Option<u64>,
+    /// Vault KV v2 path holding `app_id`, `private_key` and optional `installation_id`.
+    #[arg(long, env = "GITHUB_APP_VAULT_PATH", hide_env_values = true)]
+    pub github_app_vault_path: Option<String>,
+
+    /// Parent job for `app` repos' jobs that match no profile.
+    #[arg(
+        long,
+        env = "RUNNER_SCALER_DEFAULT_JOB",
+        default_value = "ci-runner",
+        hide_env_values = true
+    )]
+    pub default_job: String,
+    /// Cap of a repo that sets none and has no profiles.
+    #[arg(
+        long,
+        env = "RUNNER_SCALER_DEFAULT_REPO_MAX",
+        default_value_t = 2,
+        hide_env_values = true
+    )]
+    pub default_repo_max: u32,
+    /// Caps all in-flight runners, across repos.
+    #[arg(long, env = "RUNNER_SCALER_MAX_IN_FLIGHT", hide_env_values = true)]
+    pub max_in_flight: Option<u32>,
+    /// Time between ticks.
+    #[arg(long, env = "RUNNER_SCALER_POLL_INTERVAL", default_value = "15s", value_parser = humantime::parse_duration, hide_env_values = true)]
+    pub poll_interval: Duration,
+    /// Timeout of one HTTP request to any service.
+    #[arg(long, env = "RUNNER_SCALER_REQUEST_TIMEOUT", default_value = "15s", value_parser = humantime::parse_duration, hide_env_values = true)]
+    pub request_timeout: Duration,
+}
+
+/// Reads a secret from `VAR`, or from the file `VAR_FILE` names. `Ok(None)` when neither is
+/// set; an error (naming the variable, never the value) when both are, or the file is
+/// unreadable or empty.
+pub fn read_secret(var: &str) -> Result<Option<SecretString>, String> {
+    let direct = std::env::var(var).ok().filter(|v| !v.is_empty());
+    let file_var = format!("{var}_FILE");
+    let file = std::env::var_os(&file_var).filter(|v| !v.is_empty());
+    match (direct, file) {
+        (Some(_), Some(_)) => Err(format!("set {var} or {file_var}, not both")),
+        (Some(value), None) => Ok(Some(SecretString::from(value))),
+        (None, Some(path)) => read_secret_file(&PathBuf::from(path), &file_var).map(Some),
+        (None, None) => Ok(None),
+    }
+}
+
+/// Reads a secret file, trimming the trailing newline editors add.
+pub fn read_secret_file(path: &std::path::Path, what: &str) -> Result<SecretString, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("read {what} {}: {e}", path.display()))?;
+    let trimmed = text.trim();
+    if trimmed.is_empty() {
+        return Err(format!("{what} {} is empty", path.display()));
+    }
+    Ok(SecretString::from(trimmed.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn no_flag_accepts_a_secret() {
+        let cmd = Cli::command();
+        let mut names = Vec::new();
+        for sub in cmd.get_subcommands() {
+            for arg in sub.get_arguments() {
+                if let Some(long) = arg.get_long() {
+                    names.push(long.to_string());
+                }
+            }
+        }
+        assert!(names.iter().any(|n| n == "nomad-addr"));
+        for name in names {
+            assert!(
+                !name.contains("token") && !name.ends_with("private-key"),
+                "--{name} would take a secret"
+            );
+        }
+    }
+
+    #[test]
+    fn durations_are_humantime() {
+        let cli = Cli::try_parse_from(["runner-scaler", "run", "--poll-interval", "10m"]).unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(args.poll_interval, Duration::from_secs(600));
+    }
+}

@@ -1,0 +1,461 @@
+//! One tick after another. The [`Controller`] is the only owner of state kept between ticks:
+//! first sightings of Forgejo jobs, parents that left the document but still have children,
+//! and the backoff of every scope that failed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use rand::RngCore;
+use tracing::{debug, error, warn};
+
+use crate::act::execute::{ActPorts, ActReport, DispatchOutcome, carry_out};
+use crate::act::{ChildControl, Registrar, Registrars};
+use crate::config::{Config, Mode};
+use crate::model::{ErrorClass, RepoName};
+use crate::observe::{ChildSource, Gap, PortError, QueueSource, RepoJobs, Snapshot};
+use crate::plan::{Holds, PlanInput, PlanSettings, plan};
+use crate::report::{self, TickView};
+
+/// The clients of one forge kind.
+pub struct Forge {
+    pub queue: Arc<dyn QueueSource>,
+    pub registrar: Arc<dyn Registrar>,
+}
+
+/// Every port the loop uses.
+pub struct Services {
+    /// Repos in `app` and `vault` mode.
+    pub github: Option<Forge>,
+    /// Repos in `forgejo` mode.
+    pub forgejo: Option<Forge>,
+    pub children: Arc<dyn ChildSource>,
+    pub control: Arc<dyn ChildControl>,
+}
+
+impl Services {
+    fn forge(&self, mode: &Mode) -> Option<&Forge> {
+        if mode.is_github() {
+            self.github.as_ref()
+        } else {
+            self.forgejo.as_ref()
+        }
+    }
+}
+
+impl Registrars for Services {
+    fn for_mode(&self, mode: &Mode) -> Option<&dyn Registrar> {
+        self.forge(mode).map(|f| f.registrar.as_ref())
+    }
+}
+
+/// Settings of the loop itself.
+#[derive(Clone, Debug)]
+pub struct LoopSettings {
+    pub poll_interval: Duration,
+    pub plan: PlanSettings,
+    /// Sources asked at once (repos and parents).
+    pub list_concurrency_max: usize,
+    /// How long a terminal error (permission, configuration) holds its scope before it is
+    /// tried again, so a fix made outside the document is noticed.
+    pub terminal_retry: Duration,
+    /// Ceiling of the exponential backoff of transient errors.
+    pub transient_backoff_max: Duration,
+}
+
+impl Default for LoopSettings {
+    fn default() -> Self {
+        LoopSettings {
+            poll_interval: Duration::from_secs(15),
+            plan: PlanSettings::default(),
+            list_concurrency_max: 8,
+            terminal_retry: Duration::from_secs(600),
+            transient_backoff_max: Duration::from_secs(300),
+        }
+    }
+}
+
+/// What failed, so that its backoff and its report are kept apart from other failures.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Scope {
+    Queue(RepoName),
+    Mint(RepoName),
+    Dispatch(String, RepoName),
+}
+
+impl std::fmt::Display for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Scope::Queue(repo) => write!(f, "queue of {repo}"),
+            Scope::Mint(repo) => write!(f, "minting for {repo}"),
+            Scope::Dispatch(parent, repo) => write!(f, "dispatching {parent} for {repo}"),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Failure {
+    class: ErrorClass,
+    message: String,
+    consecutive: u32,
+    retry_at: DateTime<Utc>,
+    /// The config version under which a terminal error was last reported.
+    reported_for: Option<u64>,
+}
+
+/// The state kept between ticks.
+#[derive(Default)]
+pub struct Memory {
+    /// First sighting of each Forgejo job, whose API carries no timestamps.
+    first_seen: BTreeMap<(RepoName, u64), DateTime<Utc>>,
+    /// Parents whose last listing held children of ours: listed until none are left, even
+    /// after they leave the document.
+    lingering_parents: BTreeSet<String>,
+    failures: BTreeMap<Scope, Failure>,
+    /// Unroutable jobs already reported at WARN.
+    reported_unroutable: BTreeSet<(RepoName, u64)>,
+}
+
+/// Runs ticks over a set of services.
+pub struct Controller {
+    pub services: Services,
+    pub settings: LoopSettings,
+    memory: Memory,
+    rng: Box<dyn RngCore + Send>,
+}
+
+impl Controller {
+    pub fn new(services: Services, settings: LoopSettings, rng: Box<dyn RngCore + Send>) -> Self {
+        Controller {
+            services,
+            settings,
+            memory: Memory::default(),
+            rng,
+        }
+    }
+
+    /// One reconcile tick: observe, plan, act (unless `dry_run`), report.
+    pub async fn tick(
+        &mut self,
+        config: &Config,
+        config_version: u64,
+        now: DateTime<Utc>,
+        dry_run: bool,
+    ) -> TickView {
+        let snapshot = self.observe(config, config_version, now).await;
+        let gaps: Vec<String> = snapshot
+            .repos
+            .iter()
+            .filter_map(|(repo, r)| r.as_ref().err().map(|g| format!("{repo}: {}", g.message)))
+            .chain(
+                snapshot
+                    .parents
+                    .iter()
+                    .filter_map(|(p, r)| r.as_ref().err().map(|g| format!("{p}: {}", g.message))),
+            )
+            .collect();
+        let holds = self.holds(now);
+        let plan = plan(PlanInput {
+            config,
+            snapshot: &snapshot,
+            settings: self.settings.plan,
+            holds: &holds,
+            now,
+        });
+        for job in &plan.unroutable {
+            if self
+                .memory
+                .reported_unroutable
+                .insert((job.repo.clone(), job.job_id))
+            {
+                warn!(repo = %job.repo, job_id = job.job_id, "unroutable job: {}", job.reason);
+            }
+        }
+        if dry_run {
+            return TickView::new(&plan, None, gaps);
+        }
+        let act = carry_out(
+            &plan,
+            config,
+            &ActPorts {
+                registrars: &self.services,
+                control: self.services.control.as_ref(),
+            },
+            self.rng.as_mut(),
+        )
+        .await;
+        self.learn_from(&act, config_version, now);
+        report::log_act(&act);
+        let view = TickView::new(&plan, Some(&act), gaps);
+        report::log_tick(&view);
+        view
+    }
+
+    async fn observe(
+        &mut self,
+        config: &Config,
+        config_version: u64,
+        now: DateTime<Utc>,
+    ) -> Snapshot {
+        let mut snapshot = Snapshot::default();
+        for repo in config.repos.values() {
+            if let Some(forge) = self.services.forge(&repo.mode) {
+                let url = forge.registrar.repo_url(repo);
+                snapshot
+                    .repo_urls
+                    .insert(url.trim_end_matches('/').to_string(), repo.repo.clone());
+            }
+        }
+        let parents: BTreeSet<String> = config
+            .parents()
+            .into_iter()
+            .chain(self.memory.lingering_parents.iter().cloned())
+            .collect();
+
+        let children = self.services.children.clone();
+        let listings = futures::stream::iter(parents.into_iter().map(|parent| {
+            let children = children.clone();
+            async move {
+                let result = children.list_children(&parent).await;
+                (parent, result)
+            }
+        }))
+        .buffer_unordered(self.settings.list_concurrency_max)
+        .collect::<Vec<_>>();
+
+        // Repos whose queue is backing off are not asked this tick.
+        let mut to_ask = Vec::new();
+        for repo in config.repos.values() {
+            let scope = Scope::Queue(repo.repo.clone());
+            match self.memory.failures.get(&scope) {
+                Some(f) if f.retry_at > now => {
+                    snapshot.repos.insert(
+                        repo.repo.clone(),
+                        Err(Gap {
+                            class: f.class,
+                            message: format!("{} (next attempt at {})", f.message, f.retry_at),
+                        }),
+                    );
+                }
+                _ => match self.services.forge(&repo.mode) {
+                    Some(forge) => to_ask.push((repo.clone(), forge.queue.clone())),
+                    None => {
+                        snapshot.repos.insert(
+                            repo.repo.clone(),
+                            Err(Gap {
+                                class: ErrorClass::Configuration,
+                                message: format!("no {} client is configured", repo.mode.as_str()),
+                            }),
+                        );
+                    }
+                },
+            }
+        }
+        let queues = futures::stream::iter(to_ask.into_iter().map(|(repo, queue)| async move {
+            let result = queue.list_jobs(&repo).await;
+            (repo.repo, result)
+        }))
+        .buffer_unordered(self.settings.list_concurrency_max)
+        .collect::<Vec<_>>();
+
+        let (listings, queues) = futures::join!(listings, queues);
+
+        self.memory.lingering_parents.clear();
+        for (parent, result) in listings {
+            match result {
+                Ok(children) => {
+                    if children.iter().any(|c| c.ours) {
+                        self.memory.lingering_parents.insert(parent.clone());
+                    }
+                    snapshot.parents.insert(parent, Ok(children));
+                }
+                Err(e) => {
+                    warn!(parent = %parent, class = e.class.as_str(), "list children of {parent}: {}", e.message);
+                    self.memory.lingering_parents.insert(parent.clone());
+                    snapshot.parents.insert(parent, Err(e.into()));
+                }
+            }
+        }
+
+        let mut seen: BTreeSet<(RepoName, u64)> = BTreeSet::new();
+        let mut listed_repos = BTreeSet::new();
+        for (repo, result) in queues {
+            match result {
+                Ok(mut jobs) => {
+                    self.succeeded(&Scope::Queue(repo.clone()));
+                    listed_repos.insert(repo.clone());
+                    self.fill_first_sightings(&repo, &mut jobs, now, &mut seen);
+                    if jobs.truncated {
+                        warn!(repo = %repo, "run listing reached GitHub's 1,000-result search cap: queued demand may be larger than seen");
+                    }
+                    snapshot.repos.insert(repo, Ok(jobs));
+                }
+                Err(e) => {
+                    let e = e.context(format!("list jobs for {repo}"));
+                    self.failed(Scope::Queue(repo.clone()), &e, config_version, now);
+                    snapshot.repos.insert(repo, Err(e.into()));
+                }
+            }
+        }
+        // Forget sightings of jobs that are gone from repos that were read.
+        self.memory
+            .first_seen
+            .retain(|key, _| !listed_repos.contains(&key.0) || seen.contains(key));
+        self.memory.reported_unroutable.retain(|(repo, id)| {
+            !listed_repos.contains(repo) || seen.contains(&(repo.clone(), *id))
+        });
+        snapshot
+    }
+
+    fn fill_first_sightings(
+        &mut self,
+        repo: &RepoName,
+        jobs: &mut RepoJobs,
+        now: DateTime<Utc>,
+        seen: &mut BTreeSet<(RepoName, u64)>,
+    ) {
+        for job in &mut jobs.jobs {
+            let key = (repo.clone(), job.id);
+            seen.insert(key.clone());
+            if job.queued_at.is_none() {
+                job.queued_at = Some(*self.memory.first_seen.entry(key).or_insert(now));
+            }
+        }
+    }
+
+    /// Holds derived from scopes that are backing off.
+    fn holds(&self, now: DateTime<Utc>) -> Holds {
+        let mut holds = Holds::default();
+        for (scope, f) in &self.memory.failures {
+            if f.retry_at <= now {
+                continue;
+            }
+            let why = format!("{} (next attempt at {})", f.message, f.retry_at);
+            match scope {
+                Scope::Queue(_) => {}
+                Scope::Mint(repo) => {
+                    holds.repos.insert(repo.clone(), why);
+                }
+                Scope::Dispatch(parent, repo) => {
+                    holds.parents.insert((parent.clone(), repo.clone()), why);
+                }
+            }
+        }
+        holds
+    }
+
+    fn learn_from(&mut self, act: &ActReport, config_version: u64, now: DateTime<Utc>) {
+        for outcome in &act.dispatches {
+            match outcome {
+                DispatchOutcome::Dispatched { bucket, parent, .. } => {
+                    self.succeeded(&Scope::Mint(bucket.repo.clone()));
+                    self.succeeded(&Scope::Dispatch(parent.clone(), bucket.repo.clone()));
+                }
+                DispatchOutcome::MintFailed { bucket, error, .. } => {
+                    self.failed(Scope::Mint(bucket.repo.clone()), error, config_version, now)
+                }
+                DispatchOutcome::DispatchFailed {
+                    bucket,
+                    parent,
+                    error,
+                } => self.failed(
+                    Scope::Dispatch(parent.clone(), bucket.repo.clone()),
+                    error,
+                    config_version,
+                    now,
+                ),
+                DispatchOutcome::Skipped { .. } => {}
+            }
+        }
+    }
+
+    fn succeeded(&mut self, scope: &Scope) {
+        if let Some(f) = self.memory.failures.remove(scope) {
+            debug!("{scope} recovered after {} failure(s)", f.consecutive);
+        }
+    }
+
+    /// Records a failure and decides when the scope is next tried: transient errors back off
+    /// exponentially from the next tick, rate limits wait as asked, terminal errors are
+    /// reported once per config version and retried slowly.
+    fn failed(&mut self, scope: Scope, error: &PortError, config_version: u64, now: DateTime<Utc>) {
+        let previous = self.memory.failures.remove(&scope);
+        let consecutive = previous.as_ref().map_or(1, |f| f.consecutive + 1);
+        let poll = self.settings.poll_interval;
+        let (delay, terminal) = match error.class {
+            ErrorClass::Transient | ErrorClass::Malformed => {
+                // The first failure is retried at the next tick; then 1, 2, 4… polls.
+                let doublings = consecutive.saturating_sub(2).min(16);
+                let base = if consecutive < 2 {
+                    Duration::ZERO
+                } else {
+                    poll.saturating_mul(1 << doublings)
+                };
+                let capped = base.min(self.settings.transient_backoff_max);
+                // Up to a quarter of jitter keeps repos that failed together from retrying
+                // together.
+                let jitter_ms = (capped.as_millis() as u64 / 4).max(1);
+                (
+                    capped + Duration::from_millis(self.rng.next_u64() % jitter_ms),
+                    false,
+                )
+            }
+            ErrorClass::RateLimited => (
+                Duration::from_secs(error.retry_after_s.unwrap_or(60)),
+                false,
+            ),
+            ErrorClass::Unauthorized
+            | ErrorClass::Forbidden
+            | ErrorClass::NotFound
+            | ErrorClass::Configuration => (self.settings.terminal_retry, true),
+        };
+        let mut reported_for = previous.as_ref().and_then(|f| f.reported_for);
+        if terminal {
+            let same_kind = previous.as_ref().is_some_and(|f| f.class == error.class);
+            if !(same_kind && reported_for == Some(config_version)) {
+                error!(
+                    class = error.class.as_str(),
+                    "{}; retrying in {}",
+                    error.message,
+                    humantime::format_duration(delay)
+                );
+                reported_for = Some(config_version);
+            } else {
+                debug!(class = error.class.as_str(), "{}", error.message);
+            }
+        } else {
+            warn!(
+                class = error.class.as_str(),
+                attempt = consecutive,
+                "{}",
+                error.message
+            );
+        }
+        let retry_at = now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
+        self.memory.failures.insert(
+            scope,
+            Failure {
+                class: error.class,
+                message: error.message.clone(),
+                consecutive,
+                retry_at,
+                reported_for,
+            },
+        );
+    }
+
+    /// A new config version: terminal errors may have been fixed by it, so try them again.
+    pub fn config_changed(&mut self) {
+        self.memory.failures.retain(|_, f| {
+            !matches!(
+                f.class,
+                ErrorClass::Configuration
+                    | ErrorClass::NotFound
+                    | ErrorClass::Forbidden
+                    | ErrorClass::Unauthorized
+            )
+        });
+    }
+}

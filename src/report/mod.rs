@@ -1,0 +1,351 @@
+//! Report: the one place that turns decisions into log lines and output.
+//!
+//! Nothing here ever receives a secret: outcomes carry runner names, child ids and classified
+//! error messages, and the registration token stays inside the act step.
+
+use serde::Serialize;
+use tracing::{debug, info, warn};
+
+use crate::act::execute::{ActReport, DispatchOutcome, PurgeOutcome};
+use crate::plan::{BucketPlan, Plan, UnroutableJob};
+
+/// One bucket, as shown by `once --dry-run`, `status` and `--json`.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct BucketView {
+    pub repo: String,
+    pub labels: String,
+    pub parent: Option<String>,
+    pub queued: u32,
+    pub in_progress: u32,
+    pub in_flight: u32,
+    pub cap: Option<u32>,
+    pub missing: u32,
+    pub to_dispatch: u32,
+    pub reason: Option<String>,
+    pub oldest_wait_s: Option<u64>,
+}
+
+impl From<&BucketPlan> for BucketView {
+    fn from(b: &BucketPlan) -> BucketView {
+        BucketView {
+            repo: b.key.repo.to_string(),
+            labels: b.key.labels.to_meta(),
+            parent: b.parent.clone(),
+            queued: b.queued,
+            in_progress: b.in_progress,
+            in_flight: b.in_flight,
+            cap: b.cap,
+            missing: b.missing,
+            to_dispatch: b.to_dispatch,
+            reason: b.reason.as_ref().map(ToString::to_string),
+            oldest_wait_s: b.oldest_wait_s,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct DispatchView {
+    pub repo: String,
+    pub parent: String,
+    pub labels: String,
+    pub runner_name: Option<String>,
+    pub child: Option<String>,
+    pub minted: Option<bool>,
+    pub outcome: &'static str,
+    pub error: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct PurgeView {
+    pub child: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct UnroutableView {
+    pub repo: String,
+    pub job_id: u64,
+    pub reason: String,
+}
+
+impl From<&UnroutableJob> for UnroutableView {
+    fn from(u: &UnroutableJob) -> UnroutableView {
+        UnroutableView {
+            repo: u.repo.to_string(),
+            job_id: u.job_id,
+            reason: u.reason.to_string(),
+        }
+    }
+}
+
+/// Everything one tick decided and did: the `--json` output of `once`.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq, Default)]
+pub struct TickView {
+    pub dry_run: bool,
+    pub queued: u32,
+    pub active: u32,
+    pub started: u32,
+    pub buckets: Vec<BucketView>,
+    pub dispatches: Vec<DispatchView>,
+    /// Children to purge (dry run) or what purging them did.
+    pub purges: Vec<PurgeView>,
+    pub unroutable: Vec<UnroutableView>,
+    /// Sources that could not be read this tick.
+    pub gaps: Vec<String>,
+    /// Why nothing could be planned at all (no valid document).
+    pub idle_reason: Option<String>,
+}
+
+impl TickView {
+    pub fn new(plan: &Plan, act: Option<&ActReport>, gaps: Vec<String>) -> TickView {
+        let dry_run = act.is_none();
+        let dispatches = match act {
+            Some(act) => act.dispatches.iter().map(dispatch_view).collect(),
+            None => plan
+                .dispatches
+                .iter()
+                .map(|d| DispatchView {
+                    repo: d.bucket.repo.to_string(),
+                    parent: d.parent.clone(),
+                    labels: d.bucket.labels.to_meta(),
+                    runner_name: None,
+                    child: None,
+                    minted: None,
+                    outcome: "planned",
+                    error: None,
+                })
+                .collect(),
+        };
+        let purges = match act {
+            Some(act) => act.purges.iter().map(purge_view).collect(),
+            None => plan
+                .purges
+                .iter()
+                .map(|c| PurgeView {
+                    child: c.to_string(),
+                    outcome: "planned".into(),
+                })
+                .collect(),
+        };
+        TickView {
+            dry_run,
+            queued: plan.queued_total,
+            active: plan.in_flight_total,
+            started: act.map(ActReport::started).unwrap_or(0),
+            buckets: plan.buckets.iter().map(BucketView::from).collect(),
+            dispatches,
+            purges,
+            unroutable: plan.unroutable.iter().map(UnroutableView::from).collect(),
+            gaps,
+            idle_reason: None,
+        }
+    }
+
+    /// The plain-text form of a plan, for `once --dry-run` and `status`.
+    pub fn render_text(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        if let Some(why) = &self.idle_reason {
+            let _ = writeln!(out, "nothing planned: {why}");
+        }
+        let _ = writeln!(
+            out,
+            "queued={} active={} {}={}",
+            self.queued,
+            self.active,
+            if self.dry_run {
+                "to_dispatch"
+            } else {
+                "started"
+            },
+            if self.dry_run {
+                self.dispatches.len() as u32
+            } else {
+                self.started
+            }
+        );
+        if !self.buckets.is_empty() {
+            let _ = writeln!(
+                out,
+                "{:<32} {:<28} {:<20} {:>6} {:>8} {:>9} {:>4} {:>8}  reason",
+                "REPO", "LABELS", "PARENT", "QUEUED", "PROGRESS", "IN_FLIGHT", "CAP", "DISPATCH"
+            );
+        }
+        for b in &self.buckets {
+            let _ = writeln!(
+                out,
+                "{:<32} {:<28} {:<20} {:>6} {:>8} {:>9} {:>4} {:>8}  {}",
+                b.repo,
+                b.labels,
+                b.parent.as_deref().unwrap_or("-"),
+                b.queued,
+                b.in_progress,
+                b.in_flight,
+                b.cap.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
+                b.to_dispatch,
+                b.reason.as_deref().unwrap_or("")
+            );
+        }
+        for p in &self.purges {
+            let _ = writeln!(out, "purge {} ({})", p.child, p.outcome);
+        }
+        for u in &self.unroutable {
+            let _ = writeln!(
+                out,
+                "unroutable job {} in {}: {}",
+                u.job_id, u.repo, u.reason
+            );
+        }
+        for g in &self.gaps {
+            let _ = writeln!(out, "unknown: {g}");
+        }
+        out
+    }
+}
+
+fn dispatch_view(d: &DispatchOutcome) -> DispatchView {
+    match d {
+        DispatchOutcome::Dispatched {
+            bucket,
+            parent,
+            runner_name,
+            child,
+            minted,
+            deduplicated,
+        } => DispatchView {
+            repo: bucket.repo.to_string(),
+            parent: parent.clone(),
+            labels: bucket.labels.to_meta(),
+            runner_name: Some(runner_name.to_string()),
+            child: Some(child.to_string()),
+            minted: Some(*minted),
+            outcome: if *deduplicated {
+                "deduplicated"
+            } else {
+                "dispatched"
+            },
+            error: None,
+        },
+        DispatchOutcome::MintFailed {
+            bucket,
+            parent,
+            error,
+        }
+        | DispatchOutcome::DispatchFailed {
+            bucket,
+            parent,
+            error,
+        } => DispatchView {
+            repo: bucket.repo.to_string(),
+            parent: parent.clone(),
+            labels: bucket.labels.to_meta(),
+            runner_name: None,
+            child: None,
+            minted: None,
+            outcome: if matches!(d, DispatchOutcome::MintFailed { .. }) {
+                "mint_failed"
+            } else {
+                "dispatch_failed"
+            },
+            error: Some(error.message.clone()),
+        },
+        DispatchOutcome::Skipped {
+            bucket,
+            parent,
+            why,
+        } => DispatchView {
+            repo: bucket.repo.to_string(),
+            parent: parent.clone(),
+            labels: bucket.labels.to_meta(),
+            runner_name: None,
+            child: None,
+            minted: None,
+            outcome: "skipped",
+            error: Some(why.clone()),
+        },
+    }
+}
+
+fn purge_view(p: &PurgeOutcome) -> PurgeView {
+    let (child, outcome) = match p {
+        PurgeOutcome::Purged(c) => (c, "purged".to_string()),
+        PurgeOutcome::Vetoed(c, status) => (c, format!("vetoed: now {}", status.as_str())),
+        PurgeOutcome::Gone(c) => (c, "gone".to_string()),
+        PurgeOutcome::Failed(c, e) => (c, format!("failed: {}", e.message)),
+    };
+    PurgeView {
+        child: child.to_string(),
+        outcome,
+    }
+}
+
+/// Logs what the act step did: one line per dispatch and per purge.
+pub fn log_act(act: &ActReport) {
+    for d in &act.dispatches {
+        match d {
+            DispatchOutcome::Dispatched {
+                bucket,
+                parent,
+                runner_name,
+                child,
+                minted,
+                deduplicated: false,
+            } => info!(
+                repo = %bucket.repo,
+                job = %parent,
+                labels = %bucket.labels,
+                runner_name = %runner_name,
+                child = %child,
+                minted = *minted,
+                "dispatched ephemeral runner"
+            ),
+            DispatchOutcome::Dispatched {
+                bucket,
+                parent,
+                runner_name,
+                child,
+                minted,
+                deduplicated: true,
+            } => info!(
+                repo = %bucket.repo,
+                job = %parent,
+                labels = %bucket.labels,
+                runner_name = %runner_name,
+                child = %child,
+                minted = *minted,
+                "dispatch deduplicated: Nomad returned the existing child"
+            ),
+            DispatchOutcome::MintFailed { error, .. }
+            | DispatchOutcome::DispatchFailed { error, .. } => {
+                warn!(class = error.class.as_str(), "{}", error.message)
+            }
+            DispatchOutcome::Skipped {
+                bucket,
+                parent,
+                why,
+            } => debug!(repo = %bucket.repo, job = %parent, "dispatch skipped: {why}"),
+        }
+    }
+    for p in &act.purges {
+        match p {
+            PurgeOutcome::Purged(child) => info!(child = %child, "purged finished runner"),
+            PurgeOutcome::Vetoed(child, status) => info!(
+                child = %child,
+                status = status.as_str(),
+                "purge vetoed: child is no longer dead"
+            ),
+            PurgeOutcome::Gone(child) => debug!(child = %child, "child already gone"),
+            PurgeOutcome::Failed(_, error) => {
+                warn!(class = error.class.as_str(), "{}", error.message)
+            }
+        }
+    }
+}
+
+/// The one line per tick.
+pub fn log_tick(view: &TickView) {
+    info!(
+        "poll complete queued={} active={} started={}",
+        view.queued, view.active, view.started
+    );
+}
