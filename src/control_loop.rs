@@ -350,6 +350,8 @@ impl Controller {
         for outcome in &act.dispatches {
             match outcome {
                 DispatchOutcome::Dispatched { bucket, parent, .. } => {
+                    // Listed from the next tick on even if the document drops it meanwhile.
+                    self.memory.lingering_parents.insert(parent.clone());
                     self.succeeded(&Scope::Mint(bucket.repo.clone()));
                     self.succeeded(&Scope::Dispatch(parent.clone(), bucket.repo.clone()));
                 }

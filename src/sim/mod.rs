@@ -1,4 +1,5 @@
 //! The simulated world: twins of every service the daemon uses, and the world that moves
 //! them. Used by the tests and by `runner-scaler simulate`; first-class code, not test hacks.
 
+pub mod memory;
 pub mod twins;

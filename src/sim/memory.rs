@@ -1,0 +1,324 @@
+//! In-memory implementations of the ports: one shared world that plays a forge and Nomad.
+//!
+//! No sockets, so it runs under tokio's paused clock and replays exactly; the HTTP twins are
+//! for client fidelity, this is for the loop's logic.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use crate::act::{ChildControl, DispatchRequest, Dispatched, Registrar, RegistrationToken};
+use crate::config::RepoConfig;
+use crate::model::{ChildId, ErrorClass, LabelSet, RepoName, RunnerName};
+use crate::observe::{
+    Child, ChildSource, ChildStatus, ForgeJob, JobState, Placement, PortError, QueueSource,
+    RepoJobs,
+};
+use crate::secrets::SecretString;
+
+/// A job in the in-memory forge.
+#[derive(Clone, Debug)]
+pub struct MemoryJob {
+    pub repo: RepoName,
+    pub labels: Vec<String>,
+    pub state: JobState,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A child in the in-memory Nomad.
+#[derive(Clone, Debug)]
+pub struct MemoryChild {
+    pub child: Child,
+    /// The registration token it was dispatched with, as Nomad would store it in meta.
+    pub runner_token: Option<String>,
+}
+
+#[derive(Default)]
+struct State {
+    jobs: BTreeMap<u64, MemoryJob>,
+    children: BTreeMap<ChildId, MemoryChild>,
+    idempotency: BTreeMap<String, ChildId>,
+    next_id: u64,
+    now_unix: i64,
+    /// Services that answer with a transient error until switched back.
+    forge_down: bool,
+    nomad_down: bool,
+    /// Every dispatch request, in order: (parent, labels meta, runner name, minted).
+    dispatch_log: Vec<(String, String, RunnerName, bool)>,
+    mints: u64,
+}
+
+/// The shared world; clone it freely.
+#[derive(Clone, Default)]
+pub struct MemoryWorld {
+    state: Arc<Mutex<State>>,
+}
+
+impl MemoryWorld {
+    pub fn new(now: DateTime<Utc>) -> MemoryWorld {
+        let world = MemoryWorld::default();
+        world.state.lock().unwrap().now_unix = now.timestamp();
+        world
+    }
+
+    pub fn set_now(&self, now: DateTime<Utc>) {
+        self.state.lock().unwrap().now_unix = now.timestamp();
+    }
+
+    fn now(state: &State) -> DateTime<Utc> {
+        DateTime::from_timestamp(state.now_unix, 0).unwrap_or_default()
+    }
+
+    /// Queues a job; returns its id.
+    pub fn queue_job(&self, repo: &RepoName, labels: &[&str]) -> u64 {
+        let mut s = self.state.lock().unwrap();
+        s.next_id += 1;
+        let id = s.next_id;
+        let created_at = Self::now(&s);
+        s.jobs.insert(
+            id,
+            MemoryJob {
+                repo: repo.clone(),
+                labels: labels.iter().map(|l| l.to_string()).collect(),
+                state: JobState::Queued,
+                created_at,
+            },
+        );
+        id
+    }
+
+    /// The runner of `child` takes job `job` (it must be placed and idle).
+    pub fn take_job(&self, child: &ChildId, job: u64) {
+        let mut s = self.state.lock().unwrap();
+        let runner = s.children[child].child.runner_name.clone();
+        let j = s.jobs.get_mut(&job).expect("job exists");
+        j.state = JobState::InProgress { runner };
+    }
+
+    /// The job finished: it leaves the queue, and its runner's child dies.
+    pub fn finish_job(&self, job: u64) {
+        let mut s = self.state.lock().unwrap();
+        if let Some(MemoryJob {
+            state: JobState::InProgress {
+                runner: Some(runner),
+            },
+            ..
+        }) = s.jobs.remove(&job)
+        {
+            for c in s.children.values_mut() {
+                if c.child.runner_name.as_ref() == Some(&runner) {
+                    c.child.status = ChildStatus::Dead;
+                    c.child.placement = Placement::Finished;
+                }
+            }
+        }
+    }
+
+    /// Nomad places a pending child: its runner exists from now on.
+    pub fn place(&self, child: &ChildId) {
+        let mut s = self.state.lock().unwrap();
+        let c = s.children.get_mut(child).expect("child exists");
+        c.child.status = ChildStatus::Running;
+        c.child.placement = Placement::Placed;
+    }
+
+    pub fn children(&self) -> Vec<MemoryChild> {
+        self.state
+            .lock()
+            .unwrap()
+            .children
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    pub fn jobs(&self) -> BTreeMap<u64, MemoryJob> {
+        self.state.lock().unwrap().jobs.clone()
+    }
+
+    pub fn dispatch_count(&self) -> usize {
+        self.state.lock().unwrap().dispatch_log.len()
+    }
+
+    pub fn set_forge_down(&self, down: bool) {
+        self.state.lock().unwrap().forge_down = down;
+    }
+
+    pub fn set_nomad_down(&self, down: bool) {
+        self.state.lock().unwrap().nomad_down = down;
+    }
+
+    /// Adds a child dispatched by hand, without our marker.
+    pub fn add_foreign_child(&self, parent: &str, status: ChildStatus) -> ChildId {
+        let mut s = self.state.lock().unwrap();
+        s.next_id += 1;
+        let id = ChildId(format!(
+            "{parent}/dispatch-{}-{:08x}",
+            s.now_unix, s.next_id
+        ));
+        let child = Child {
+            id: id.clone(),
+            parent: parent.to_string(),
+            status,
+            placement: Placement::Unplaced,
+            ours: false,
+            repo_url: None,
+            labels: None,
+            runner_name: None,
+            submitted_at: None,
+        };
+        s.children.insert(
+            id.clone(),
+            MemoryChild {
+                child,
+                runner_token: None,
+            },
+        );
+        id
+    }
+}
+
+fn down(what: &str) -> PortError {
+    PortError::new(ErrorClass::Transient, format!("{what}: connection refused"))
+}
+
+#[async_trait]
+impl QueueSource for MemoryWorld {
+    async fn list_jobs(&self, repo: &RepoConfig) -> Result<RepoJobs, PortError> {
+        let s = self.state.lock().unwrap();
+        if s.forge_down {
+            return Err(down("list runs"));
+        }
+        let jobs = s
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.repo == repo.repo)
+            .map(|(id, j)| ForgeJob {
+                id: *id,
+                labels: j.labels.clone(),
+                state: j.state.clone(),
+                queued_at: Some(j.created_at),
+            })
+            .collect();
+        Ok(RepoJobs {
+            jobs,
+            truncated: false,
+        })
+    }
+}
+
+#[async_trait]
+impl Registrar for MemoryWorld {
+    async fn mint(&self, repo: &RepoConfig) -> Result<Option<RegistrationToken>, PortError> {
+        let mut s = self.state.lock().unwrap();
+        if s.forge_down {
+            return Err(down("create registration token"));
+        }
+        s.mints += 1;
+        Ok(Some(RegistrationToken(SecretString::from(format!(
+            "REGTOKEN-{}-{}",
+            repo.repo.name(),
+            s.mints
+        )))))
+    }
+
+    fn repo_url(&self, repo: &RepoConfig) -> String {
+        format!("https://github.com/{}", repo.repo)
+    }
+}
+
+#[async_trait]
+impl ChildSource for MemoryWorld {
+    async fn list_children(&self, parent: &str) -> Result<Vec<Child>, PortError> {
+        let s = self.state.lock().unwrap();
+        if s.nomad_down {
+            return Err(down("list jobs"));
+        }
+        Ok(s.children
+            .values()
+            .filter(|c| c.child.parent == parent)
+            .map(|c| c.child.clone())
+            .collect())
+    }
+}
+
+#[async_trait]
+impl ChildControl for MemoryWorld {
+    async fn dispatch(&self, request: &DispatchRequest) -> Result<Dispatched, PortError> {
+        use secrecy::ExposeSecret;
+        let mut s = self.state.lock().unwrap();
+        if s.nomad_down {
+            return Err(down("dispatch"));
+        }
+        if let Some(existing) = s.idempotency.get(&request.idempotency_token) {
+            if s.children.contains_key(existing) {
+                return Ok(Dispatched {
+                    child: existing.clone(),
+                    deduplicated: true,
+                });
+            }
+        }
+        s.next_id += 1;
+        let id = ChildId(format!(
+            "{}/dispatch-{}-{:08x}",
+            request.parent, s.now_unix, s.next_id
+        ));
+        let labels = LabelSet::from_meta(&request.meta.labels)
+            .map(|l| l.to_meta())
+            .unwrap_or_default();
+        let child = Child {
+            id: id.clone(),
+            parent: request.parent.clone(),
+            status: ChildStatus::Pending,
+            placement: Placement::Unplaced,
+            ours: true,
+            repo_url: Some(request.meta.repo_url.clone()),
+            labels: Some(labels.clone()),
+            runner_name: Some(request.meta.runner_name.clone()),
+            submitted_at: Some(Self::now(&s)),
+        };
+        let runner_token = request
+            .meta
+            .runner_token
+            .as_ref()
+            .map(|t| t.0.expose_secret().to_string());
+        s.dispatch_log.push((
+            request.parent.clone(),
+            labels,
+            request.meta.runner_name.clone(),
+            runner_token.is_some(),
+        ));
+        s.children.insert(
+            id.clone(),
+            MemoryChild {
+                child,
+                runner_token,
+            },
+        );
+        s.idempotency
+            .insert(request.idempotency_token.clone(), id.clone());
+        Ok(Dispatched {
+            child: id,
+            deduplicated: false,
+        })
+    }
+
+    async fn child_status(&self, child: &ChildId) -> Result<Option<ChildStatus>, PortError> {
+        let s = self.state.lock().unwrap();
+        if s.nomad_down {
+            return Err(down("read job"));
+        }
+        Ok(s.children.get(child).map(|c| c.child.status))
+    }
+
+    async fn purge(&self, child: &ChildId) -> Result<(), PortError> {
+        let mut s = self.state.lock().unwrap();
+        if s.nomad_down {
+            return Err(down("purge"));
+        }
+        s.children.remove(child);
+        Ok(())
+    }
+}

@@ -1,0 +1,214 @@
+//! The control loop over in-memory ports: the traces every operator should see.
+
+mod support;
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Duration, TimeZone, Utc};
+use rand::SeedableRng;
+use runner_scaler::config::{Config, Mode, Profile, RepoConfig};
+use runner_scaler::control_loop::{Controller, Forge, LoopSettings, Services};
+use runner_scaler::model::RepoName;
+use runner_scaler::observe::ChildStatus;
+use runner_scaler::sim::memory::MemoryWorld;
+use support::LogCapture;
+
+fn t0() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 11, 30, 21, 1, 1).unwrap()
+}
+
+fn repo(name: &str) -> RepoName {
+    RepoName::parse(name).unwrap()
+}
+
+fn config(repos: &[(&str, u32)]) -> Config {
+    let mut config = Config::default();
+    for (name, cap) in repos {
+        config.repos.insert(
+            repo(name),
+            RepoConfig {
+                repo: repo(name),
+                mode: Mode::App,
+                max_concurrent: *cap,
+                profiles: vec![],
+                default_job: Some("ci-runner".into()),
+                labels: None,
+            },
+        );
+    }
+    config
+}
+
+fn controller(world: &MemoryWorld) -> Controller {
+    let forge = || Forge {
+        queue: Arc::new(world.clone()),
+        registrar: Arc::new(world.clone()),
+    };
+    Controller::new(
+        Services {
+            github: Some(forge()),
+            forgejo: Some(forge()),
+            children: Arc::new(world.clone()),
+            control: Arc::new(world.clone()),
+        },
+        LoopSettings::default(),
+        Box::new(rand::rngs::StdRng::seed_from_u64(7)),
+    )
+}
+
+const SH: &[&str] = &["self-hosted"];
+
+#[tokio::test]
+async fn a_queued_job_is_served_once_and_its_child_purged() {
+    let logs = LogCapture::default();
+    let _guard = tracing::subscriber::set_default(logs.subscriber(tracing::Level::INFO));
+    let world = MemoryWorld::new(t0());
+    let config = config(&[("afreidah/munchbox", 3)]);
+    let mut ctl = controller(&world);
+    let job = world.queue_job(&repo("afreidah/munchbox"), SH);
+
+    // Tick 1: one job queued, one runner dispatched.
+    ctl.tick(&config, 1, t0(), false).await;
+    // Tick 2: the runner has not claimed it yet; it already counts as active.
+    world.set_now(t0() + Duration::seconds(30));
+    ctl.tick(&config, 1, t0() + Duration::seconds(30), false)
+        .await;
+    // The runner boots, takes the job and finishes it.
+    let child = world.children()[0].child.id.clone();
+    world.place(&child);
+    world.take_job(&child, job);
+    world.finish_job(job);
+    ctl.tick(&config, 1, t0() + Duration::seconds(60), false)
+        .await;
+
+    assert_eq!(
+        logs.tick_lines(),
+        vec![
+            "poll complete queued=1 active=0 started=1",
+            "poll complete queued=1 active=1 started=0",
+            "poll complete queued=0 active=0 started=0",
+        ]
+    );
+    let text = logs.text();
+    assert!(text.contains("dispatched ephemeral runner"), "{text}");
+    assert!(text.contains("minted=true"), "{text}");
+    assert!(
+        text.contains(&format!("purged finished runner child={child}")),
+        "{text}"
+    );
+    assert!(
+        world.children().is_empty(),
+        "the finished child was not purged"
+    );
+    assert_eq!(world.dispatch_count(), 1);
+}
+
+#[tokio::test]
+async fn a_full_cluster_causes_no_extra_dispatches_tick_after_tick() {
+    let world = MemoryWorld::new(t0());
+    let config = config(&[("acme/api", 5)]);
+    let mut ctl = controller(&world);
+    for _ in 0..3 {
+        world.queue_job(&repo("acme/api"), SH);
+    }
+    for tick in 0..10 {
+        let now = t0() + Duration::seconds(15 * tick);
+        let view = ctl.tick(&config, 1, now, false).await;
+        if tick > 0 {
+            assert_eq!(view.started, 0, "tick {tick} dispatched again");
+            assert_eq!(view.active, 3);
+        }
+    }
+    assert_eq!(world.dispatch_count(), 3);
+    assert!(
+        world
+            .children()
+            .iter()
+            .all(|c| c.child.status == ChildStatus::Pending)
+    );
+}
+
+#[tokio::test]
+async fn a_second_push_does_not_wait_for_the_first_build() {
+    let world = MemoryWorld::new(t0());
+    let config = config(&[("acme/api", 3)]);
+    let mut ctl = controller(&world);
+    let first = world.queue_job(&repo("acme/api"), SH);
+    ctl.tick(&config, 1, t0(), false).await;
+    let child = world.children()[0].child.id.clone();
+    world.place(&child);
+    world.take_job(&child, first);
+    world.queue_job(&repo("acme/api"), SH);
+    let view = ctl
+        .tick(&config, 1, t0() + Duration::seconds(15), false)
+        .await;
+    assert_eq!(view.started, 1);
+    assert_eq!(world.dispatch_count(), 2);
+}
+
+#[tokio::test]
+async fn nomad_down_dispatches_nothing_and_the_next_tick_recovers() {
+    let world = MemoryWorld::new(t0());
+    let config = config(&[("acme/api", 3)]);
+    let mut ctl = controller(&world);
+    world.queue_job(&repo("acme/api"), SH);
+    world.set_nomad_down(true);
+    let view = ctl.tick(&config, 1, t0(), false).await;
+    assert_eq!(view.started, 0);
+    assert!(!view.gaps.is_empty());
+    world.set_nomad_down(false);
+    let view = ctl
+        .tick(&config, 1, t0() + Duration::seconds(15), false)
+        .await;
+    assert_eq!(view.started, 1);
+}
+
+#[tokio::test]
+async fn a_dry_run_acts_on_nothing() {
+    let world = MemoryWorld::new(t0());
+    let config = config(&[("acme/api", 3)]);
+    let mut ctl = controller(&world);
+    world.queue_job(&repo("acme/api"), SH);
+    world.add_foreign_child("ci-runner", ChildStatus::Dead);
+    let view = ctl.tick(&config, 1, t0(), true).await;
+    assert!(view.dry_run);
+    assert_eq!(view.dispatches.len(), 1);
+    assert_eq!(view.dispatches[0].outcome, "planned");
+    assert_eq!(world.dispatch_count(), 0);
+    // The hand-dispatched child is neither counted nor purged.
+    assert_eq!(view.active, 0);
+    assert!(view.purges.is_empty());
+    assert_eq!(world.children().len(), 1);
+}
+
+#[tokio::test]
+async fn a_parent_that_left_the_document_is_listed_until_its_children_are_gone() {
+    let world = MemoryWorld::new(t0());
+    let mut with_vm = config(&[("acme/api", 3)]);
+    with_vm
+        .repos
+        .get_mut(&repo("acme/api"))
+        .unwrap()
+        .profiles
+        .push(Profile {
+            job: "vm-runner".into(),
+            label: "vm".into(),
+            max_concurrent: Some(1),
+        });
+    let mut ctl = controller(&world);
+    let job = world.queue_job(&repo("acme/api"), &["self-hosted", "vm"]);
+    ctl.tick(&with_vm, 1, t0(), false).await;
+    let child = world.children()[0].child.id.clone();
+    assert!(child.0.starts_with("vm-runner/"));
+    // The profile is removed while its runner works.
+    let without_vm = config(&[("acme/api", 3)]);
+    world.place(&child);
+    world.take_job(&child, job);
+    world.finish_job(job);
+    ctl.tick(&without_vm, 2, t0() + Duration::seconds(15), false)
+        .await;
+    assert!(
+        world.children().is_empty(),
+        "the dead vm-runner child was not purged"
+    );
+}
