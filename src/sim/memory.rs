@@ -252,13 +252,13 @@ impl ChildControl for MemoryWorld {
         if s.nomad_down {
             return Err(down("dispatch"));
         }
-        if let Some(existing) = s.idempotency.get(&request.idempotency_token) {
-            if s.children.contains_key(existing) {
-                return Ok(Dispatched {
-                    child: existing.clone(),
-                    deduplicated: true,
-                });
-            }
+        if let Some(existing) = s.idempotency.get(&request.idempotency_token)
+            && s.children.contains_key(existing)
+        {
+            return Ok(Dispatched {
+                child: existing.clone(),
+                deduplicated: true,
+            });
         }
         s.next_id += 1;
         let id = ChildId(format!(
