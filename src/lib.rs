@@ -30,3 +30,4 @@ pub mod plan;
 pub mod report;
 pub mod secrets;
 pub mod sim;
+pub mod wiring;

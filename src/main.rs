@@ -1,1 +1,71 @@
-fn main() {}
+//! Wiring only: parse settings, set up tracing, build the clients, run a command.
+
+use std::io::Read;
+use std::process::ExitCode;
+
+use clap::Parser;
+use runner_scaler::cli::{Cli, Command, ConfigCommand, EXIT_BAD_SETTINGS, EXIT_INVALID};
+use runner_scaler::config::{ConfigDefaults, parse_document};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(EXIT_BAD_SETTINGS as u8)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    match cli.command {
+        Command::Config {
+            command:
+                ConfigCommand::Check {
+                    file,
+                    default_job,
+                    default_repo_max,
+                },
+        } => config_check(
+            &file,
+            &ConfigDefaults {
+                default_job,
+                default_repo_max,
+            },
+        ),
+        other => runner_scaler::wiring::run_command(other),
+    }
+}
+
+/// `config check FILE|-`: exit 0 when valid, else one line per problem and exit 1.
+fn config_check(file: &str, defaults: &ConfigDefaults) -> ExitCode {
+    let bytes = if file == "-" {
+        let mut buf = Vec::new();
+        if let Err(e) = std::io::stdin().read_to_end(&mut buf) {
+            eprintln!("read the document from stdin: {e}");
+            return ExitCode::from(EXIT_INVALID as u8);
+        }
+        buf
+    } else {
+        match std::fs::read(file) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                eprintln!("read {file}: {e}");
+                return ExitCode::from(EXIT_INVALID as u8);
+            }
+        }
+    };
+    match parse_document(&bytes, defaults) {
+        Ok(config) => {
+            println!("ok: {} repos", config.repos.len());
+            ExitCode::SUCCESS
+        }
+        Err(problems) => {
+            for problem in &problems {
+                println!("{problem}");
+            }
+            ExitCode::from(EXIT_INVALID as u8)
+        }
+    }
+}
