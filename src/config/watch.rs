@@ -193,7 +193,8 @@ struct Watcher {
     defaults: ConfigDefaults,
     settings: WatchSettings,
     state: ConfigState,
-    /// The index of the last answer; `None` before the first.
+    /// The index to block on; `None` before the first answer and after an answer without
+    /// an index, when the next read must not block (the poll pause keeps it from spinning).
     index: Option<u64>,
     /// The newest document read, so that an unchanged document is not parsed (nor its
     /// problems logged) again.
@@ -204,7 +205,9 @@ struct Watcher {
 
 impl Watcher {
     /// Consul's rules: the first read does not block (index 0); after it, never block with
-    /// index 0, which would return at once and spin.
+    /// index 0, which would return at once and spin. Only a read after an answer without an
+    /// index uses 0 again, after the poll pause: blocking on a guessed index could wait for
+    /// the whole `wait` while the key appears.
     fn request_index(&self) -> u64 {
         match self.index {
             None => 0,
@@ -224,10 +227,11 @@ impl Watcher {
         let new_index = fetched.index();
         // An index that goes backwards means the source's state was reset (a restored
         // snapshot, another cluster): start over from a non-blocking read.
-        self.index = Some(match self.index {
-            Some(previous) if new_index < previous => 0,
-            _ => new_index,
-        });
+        self.index = match self.index {
+            _ if new_index == 0 => None,
+            Some(previous) if new_index < previous => Some(0),
+            _ => Some(new_index),
+        };
         match fetched {
             Fetched::Missing { .. } => {
                 if !self.state.missing {
@@ -532,7 +536,10 @@ mod tests {
         let first = h.next_call().await;
         let (state, second) = h.settle(Ok(Fetched::Missing { index: 0 })).await;
         assert!(state.missing && state.config.is_none());
-        assert_eq!(second.index, 1);
+        assert_eq!(
+            second.index, 0,
+            "no index to block on: read at once, after a pause"
+        );
         assert!(second.at - first.at >= settings.poll_interval);
         assert_eq!(state.problems().len(), 2, "{:?}", state.problems());
 
