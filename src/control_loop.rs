@@ -461,3 +461,48 @@ impl Controller {
         });
     }
 }
+
+/// Runs ticks until `shutdown` completes: a tick at start, then one every poll interval. A
+/// shutdown lets the tick in progress finish and starts no new one. Without a valid
+/// document it dispatches nothing and says why once per change of reason.
+pub async fn run(
+    mut controller: Controller,
+    mut config: tokio::sync::watch::Receiver<crate::config::watch::ConfigState>,
+    clock: &dyn crate::clock::Clock,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut interval = tokio::time::interval(controller.settings.poll_interval);
+    // A tick that overran is not followed by a burst of catch-up ticks.
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut applied: Option<u64> = None;
+    let mut last_idle_reason: Option<String> = None;
+    loop {
+        tokio::select! {
+            biased;
+            _ = &mut shutdown => break,
+            _ = interval.tick() => {}
+        }
+        let state = config.borrow_and_update().clone();
+        let Some(document) = state.config.clone() else {
+            let why = state.problems().join("; ");
+            if last_idle_reason.as_deref() != Some(why.as_str()) {
+                warn!("dispatching nothing: {why}");
+                last_idle_reason = Some(why);
+            }
+            continue;
+        };
+        last_idle_reason = None;
+        let version = state.applied_index.unwrap_or(0);
+        if applied != Some(version) {
+            if applied.is_some() {
+                controller.config_changed();
+            }
+            applied = Some(version);
+        }
+        // The tick runs to its end even if shutdown is asked meanwhile.
+        controller
+            .tick(&document, version, clock.now(), false)
+            .await;
+    }
+}

@@ -63,7 +63,7 @@ fn config_check(file: &str, defaults: &ConfigDefaults) -> ExitCode {
         }
         Err(problems) => {
             for problem in &problems {
-                println!("{problem}");
+                eprintln!("{problem}");
             }
             ExitCode::from(EXIT_INVALID as u8)
         }
