@@ -219,10 +219,14 @@ impl Forgejo {
                 .await
                 .map_err(|e| transport_error(doing, &e))?;
             let status = response.status();
-            if status == StatusCode::UNAUTHORIZED && cached {
+            if status == StatusCode::UNAUTHORIZED {
+                // Refused: never reuse it. A cached token may have been rotated in Vault, so
+                // it earns one retry with a fresh read; a fresh one does not.
                 self.tokens().remove(call.vault_path);
-                (token, cached) = self.api_token(call).await?;
-                continue;
+                if cached {
+                    (token, cached) = self.api_token(call).await?;
+                    continue;
+                }
             }
             let body = response
                 .bytes()
