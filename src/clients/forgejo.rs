@@ -390,3 +390,34 @@ fn status_error(doing: &str, status: StatusCode, body: &[u8], token: &SecretStri
         format!("{doing}: {status}{detail}"),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_read_by_their_leading_major_and_minor() {
+        for (raw, major, minor) in [
+            ("11.0.0+gitea-1.22.0", 11, 0),
+            ("v10.0.3", 10, 0),
+            ("15.0.0-dev-123-abcdef+gitea-1.22.0", 15, 0),
+            ("11.2", 11, 2),
+            // Gitea reports its own numbering and has no runner job search.
+            ("1.22.0", 1, 22),
+        ] {
+            let version = ForgejoVersion::parse(raw).unwrap();
+            assert_eq!((version.major, version.minor), (major, minor), "{raw}");
+        }
+        for raw in ["", "dev", "+gitea"] {
+            assert!(ForgejoVersion::parse(raw).is_none(), "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn instance_urls_are_shown_without_password_or_trailing_slash() {
+        let url: Url = "https://ci:hunter2@forgejo.example/sub/".parse().unwrap();
+        let shown = shown_url(&url);
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.ends_with("/sub"), "{shown}");
+    }
+}
