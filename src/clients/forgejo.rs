@@ -1,1 +1,423 @@
-//! Placeholder: filled in by its own change.
+//! Forgejo Actions: the runner-job search (queue) and runner registration tokens, for repos in
+//! `forgejo` mode.
+//!
+//! The API token of a repo is read from Vault (field `token` at the repo's `vaultPath`) and
+//! sent as `Authorization: token <t>` only: Forgejo accepts the lower-case `token` scheme
+//! (not `Token`), and the deprecated `?token=` query form would put it in URLs and logs.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use reqwest::StatusCode;
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+use tokio::time::Instant;
+use url::Url;
+
+use crate::act::{Registrar, RegistrationToken};
+use crate::clients::http::{TlsFiles, build_client, class_of_status, transport_error};
+use crate::config::{Mode, RepoConfig};
+use crate::model::ErrorClass;
+use crate::observe::{ForgeJob, JobState, PortError, QueueSource, RepoJobs};
+use crate::secrets::SecretSource;
+
+/// Field of the Vault secret at a repo's `vaultPath` that holds the Forgejo API token.
+pub const API_TOKEN_FIELD: &str = "token";
+
+/// How long an API token read from Vault is reused. Short, so that a rotated token is picked
+/// up within minutes even when the old one keeps working; a 401 drops it at once.
+pub const API_TOKEN_CACHE_TTL: Duration = Duration::from_secs(5 * 60);
+
+/// The first Forgejo major version with the runner-job search
+/// (`GET /repos/{owner}/{repo}/actions/runners/jobs`, Forgejo PR #6300, v11.0.0).
+pub const JOB_SEARCH_MAJOR_MIN: u64 = 11;
+
+struct CachedToken {
+    token: SecretString,
+    read_at: Instant,
+}
+
+/// A Forgejo version as `GET /api/v1/version` reports it (`11.0.0+gitea-1.22.0`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForgejoVersion {
+    pub raw: String,
+    pub major: u64,
+    pub minor: u64,
+}
+
+impl ForgejoVersion {
+    /// Reads the leading `major.minor`; `None` when there is none.
+    pub fn parse(raw: &str) -> Option<ForgejoVersion> {
+        let core = raw.trim().trim_start_matches('v');
+        let mut parts = core.split(|c: char| !c.is_ascii_digit());
+        let major = parts.next()?.parse().ok()?;
+        let minor = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        Some(ForgejoVersion {
+            raw: raw.trim().to_string(),
+            major,
+            minor,
+        })
+    }
+}
+
+/// The Forgejo client: one per daemon, serving every `forgejo` repo of every instance.
+pub struct Forgejo {
+    http: reqwest::Client,
+    secrets: Arc<dyn SecretSource>,
+    /// API tokens by Vault path.
+    tokens: Mutex<HashMap<String, CachedToken>>,
+    /// Versions of the instances that passed the version gate, by API base URL. Only passing
+    /// versions are kept, so an instance upgraded past the gate is noticed at the next try.
+    versions: Mutex<HashMap<String, ForgejoVersion>>,
+    token_ttl: Duration,
+}
+
+/// What one call is about, for error messages: `list runner jobs for alex/api at http://f:3000`.
+struct Call<'a> {
+    repo: &'a RepoConfig,
+    base: String,
+    shown_base: String,
+    vault_path: &'a str,
+}
+
+impl Call<'_> {
+    fn doing(&self, what: &str) -> String {
+        format!("{what} for {} at {}", self.repo.repo, self.shown_base)
+    }
+}
+
+#[derive(Deserialize)]
+struct WireJob {
+    id: u64,
+    #[serde(default)]
+    runs_on: Option<Vec<String>>,
+    #[serde(default)]
+    task_id: u64,
+    status: String,
+}
+
+#[derive(Deserialize)]
+struct WireVersion {
+    version: String,
+}
+
+#[derive(Deserialize)]
+struct WireRegistrationToken {
+    token: String,
+}
+
+#[derive(Deserialize)]
+struct WireError {
+    message: Option<String>,
+}
+
+impl Forgejo {
+    pub fn new(
+        secrets: Arc<dyn SecretSource>,
+        tls: &TlsFiles,
+        timeout: Duration,
+    ) -> Result<Forgejo, String> {
+        Ok(Forgejo {
+            http: build_client("Forgejo", tls, timeout)?,
+            secrets,
+            tokens: Mutex::new(HashMap::new()),
+            versions: Mutex::new(HashMap::new()),
+            token_ttl: API_TOKEN_CACHE_TTL,
+        })
+    }
+
+    /// Overrides how long an API token is reused (tests, simulation).
+    pub fn with_token_ttl(mut self, ttl: Duration) -> Forgejo {
+        self.token_ttl = ttl;
+        self
+    }
+
+    fn tokens(&self) -> MutexGuard<'_, HashMap<String, CachedToken>> {
+        self.tokens.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn versions(&self) -> MutexGuard<'_, HashMap<String, ForgejoVersion>> {
+        self.versions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn call<'a>(&self, repo: &'a RepoConfig) -> Result<Call<'a>, PortError> {
+        match &repo.mode {
+            Mode::Forgejo { url, vault_path } => Ok(Call {
+                repo,
+                base: url.as_str().trim_end_matches('/').to_string(),
+                shown_base: shown_url(url),
+                vault_path,
+            }),
+            other => Err(PortError::new(
+                ErrorClass::Configuration,
+                format!(
+                    "{} is in {} mode, not forgejo mode",
+                    repo.repo,
+                    other.as_str()
+                ),
+            )),
+        }
+    }
+
+    /// The repo's API token and whether it came from the cache.
+    async fn api_token(&self, call: &Call<'_>) -> Result<(SecretString, bool), PortError> {
+        if let Some(cached) = self.tokens().get(call.vault_path)
+            && cached.read_at.elapsed() < self.token_ttl
+        {
+            return Ok((cached.token.clone(), true));
+        }
+        let token = self
+            .secrets
+            .read_field(call.vault_path, API_TOKEN_FIELD)
+            .await
+            .map_err(|e| e.context(format!("read the Forgejo API token of {}", call.repo.repo)))?;
+        if reqwest::header::HeaderValue::from_str(&format!("token {}", token.expose_secret()))
+            .is_err()
+        {
+            return Err(PortError::new(
+                ErrorClass::Configuration,
+                format!(
+                    "the Forgejo API token of {} (Vault path {}) contains characters not allowed in an HTTP header",
+                    call.repo.repo, call.vault_path
+                ),
+            ));
+        }
+        self.tokens().insert(
+            call.vault_path.to_string(),
+            CachedToken {
+                token: token.clone(),
+                read_at: Instant::now(),
+            },
+        );
+        Ok((token, false))
+    }
+
+    /// GETs `path` under the instance's `/api/v1` with the repo's token. A 401 on a cached
+    /// token drops it and retries once with a token read fresh from Vault.
+    async fn get(
+        &self,
+        call: &Call<'_>,
+        path: &str,
+        query: &[(&str, String)],
+        doing: &str,
+    ) -> Result<Vec<u8>, PortError> {
+        let (mut token, mut cached) = self.api_token(call).await?;
+        loop {
+            let url = format!("{}/api/v1/{path}", call.base);
+            let mut request = self.http.get(&url).header(
+                reqwest::header::AUTHORIZATION,
+                format!("token {}", token.expose_secret()),
+            );
+            if !query.is_empty() {
+                request = request.query(query);
+            }
+            let response = request
+                .header(reqwest::header::ACCEPT, "application/json")
+                .send()
+                .await
+                .map_err(|e| transport_error(doing, &e))?;
+            let status = response.status();
+            if status == StatusCode::UNAUTHORIZED {
+                // Refused: never reuse it. A cached token may have been rotated in Vault, so
+                // it earns one retry with a fresh read; a fresh one does not.
+                self.tokens().remove(call.vault_path);
+                if cached {
+                    (token, cached) = self.api_token(call).await?;
+                    continue;
+                }
+            }
+            let body = response
+                .bytes()
+                .await
+                .map_err(|e| transport_error(doing, &e))?;
+            if !status.is_success() {
+                return Err(status_error(doing, status, &body, &token));
+            }
+            return Ok(body.to_vec());
+        }
+    }
+
+    /// Checks once per instance that it has the runner-job search.
+    async fn ensure_version(&self, call: &Call<'_>) -> Result<(), PortError> {
+        if self.versions().contains_key(&call.base) {
+            return Ok(());
+        }
+        let doing = call.doing("read the Forgejo version");
+        let body = self.get(call, "version", &[], &doing).await?;
+        let wire: WireVersion = serde_json::from_slice(&body)
+            .map_err(|e| PortError::new(ErrorClass::Malformed, format!("{doing}: {e}")))?;
+        let version = ForgejoVersion::parse(&wire.version).ok_or_else(|| {
+            PortError::new(
+                ErrorClass::Malformed,
+                format!("{doing}: version {:?} has no major number", wire.version),
+            )
+        })?;
+        if version.major < JOB_SEARCH_MAJOR_MIN {
+            return Err(PortError::new(
+                ErrorClass::Configuration,
+                format!(
+                    "{} is on a Forgejo at {} running version {:?}: the runner job search needs Forgejo {JOB_SEARCH_MAJOR_MIN}.0 or later",
+                    call.repo.repo, call.shown_base, version.raw
+                ),
+            ));
+        }
+        self.versions().insert(call.base.clone(), version);
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl QueueSource for Forgejo {
+    async fn list_jobs(&self, repo: &RepoConfig) -> Result<RepoJobs, PortError> {
+        let call = self.call(repo)?;
+        let labels = repo.search_labels();
+        // The search returns jobs whose every label is among those asked for: asking for none
+        // can match nothing (Forgejo 11.0), so there is nothing to ask.
+        if labels.is_empty() {
+            return Ok(RepoJobs::default());
+        }
+        self.ensure_version(&call).await?;
+        let doing = call.doing("list runner jobs");
+        let joined = labels.into_iter().collect::<Vec<_>>().join(",");
+        let path = format!(
+            "repos/{}/{}/actions/runners/jobs",
+            repo.repo.owner(),
+            repo.repo.name()
+        );
+        let body = self
+            .get(&call, &path, &[("labels", joined)], &doing)
+            .await?;
+        // A Go nil slice: no job matched.
+        let wire: Option<Vec<WireJob>> = serde_json::from_slice(&body)
+            .map_err(|e| PortError::new(ErrorClass::Malformed, format!("{doing}: {e}")))?;
+        let jobs = wire
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|job| {
+                let state = match (job.status.as_str(), job.task_id) {
+                    // `waiting` lasts from creation until a runner claims the job and for a
+                    // moment after: only a job without a task is new demand.
+                    ("waiting", 0) => JobState::Queued,
+                    ("waiting", _) | ("running", _) => JobState::Claimed,
+                    _ => return None,
+                };
+                Some(ForgeJob {
+                    id: job.id,
+                    labels: job.runs_on.unwrap_or_default(),
+                    state,
+                    queued_at: None,
+                })
+            })
+            .collect();
+        Ok(RepoJobs {
+            jobs,
+            truncated: false,
+        })
+    }
+}
+
+#[async_trait]
+impl Registrar for Forgejo {
+    async fn mint(&self, repo: &RepoConfig) -> Result<Option<RegistrationToken>, PortError> {
+        let call = self.call(repo)?;
+        let doing = call.doing("get a runner registration token");
+        let path = format!(
+            "repos/{}/{}/actions/runners/registration-token",
+            repo.repo.owner(),
+            repo.repo.name()
+        );
+        let body = self.get(&call, &path, &[], &doing).await?;
+        // serde's error text may quote the body, and the body is the secret: say only what
+        // shape was expected.
+        let wire: WireRegistrationToken = serde_json::from_slice(&body).map_err(|_| {
+            PortError::new(
+                ErrorClass::Malformed,
+                format!("{doing}: the response is not {{\"token\": string}}"),
+            )
+        })?;
+        if wire.token.trim().is_empty() {
+            return Err(PortError::new(
+                ErrorClass::Malformed,
+                format!("{doing}: the token is empty"),
+            ));
+        }
+        Ok(Some(RegistrationToken(SecretString::from(wire.token))))
+    }
+
+    /// `<forgejoUrl>/<owner>/<repo>`; empty for a repo not in forgejo mode, which this client
+    /// never serves.
+    fn repo_url(&self, repo: &RepoConfig) -> String {
+        match &repo.mode {
+            Mode::Forgejo { url, .. } => format!(
+                "{}/{}/{}",
+                url.as_str().trim_end_matches('/'),
+                repo.repo.owner(),
+                repo.repo.name()
+            ),
+            _ => String::new(),
+        }
+    }
+}
+
+/// The instance URL as shown in messages: without a trailing slash or any password.
+fn shown_url(url: &Url) -> String {
+    let mut shown = url.clone();
+    if shown.password().is_some() {
+        let _ = shown.set_password(Some("redacted"));
+    }
+    shown.as_str().trim_end_matches('/').to_string()
+}
+
+/// `list runner jobs for alex/api at http://f:3000: 403 Forbidden: <Forgejo's message>`.
+fn status_error(doing: &str, status: StatusCode, body: &[u8], token: &SecretString) -> PortError {
+    let detail = serde_json::from_slice::<WireError>(body)
+        .ok()
+        .and_then(|e| e.message)
+        .map(|m| {
+            let secret = token.expose_secret();
+            let mut m = m.trim().to_string();
+            if !secret.is_empty() {
+                m = m.replace(secret, "[REDACTED]");
+            }
+            m.truncate(200);
+            format!(": {m:?}")
+        })
+        .unwrap_or_default();
+    PortError::new(
+        class_of_status(status),
+        format!("{doing}: {status}{detail}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_read_by_their_leading_major_and_minor() {
+        for (raw, major, minor) in [
+            ("11.0.0+gitea-1.22.0", 11, 0),
+            ("v10.0.3", 10, 0),
+            ("15.0.0-dev-123-abcdef+gitea-1.22.0", 15, 0),
+            ("11.2", 11, 2),
+            // Gitea reports its own numbering and has no runner job search.
+            ("1.22.0", 1, 22),
+        ] {
+            let version = ForgejoVersion::parse(raw).unwrap();
+            assert_eq!((version.major, version.minor), (major, minor), "{raw}");
+        }
+        for raw in ["", "dev", "+gitea"] {
+            assert!(ForgejoVersion::parse(raw).is_none(), "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn instance_urls_are_shown_without_password_or_trailing_slash() {
+        let url: Url = "https://ci:hunter2@forgejo.example/sub/".parse().unwrap();
+        let shown = shown_url(&url);
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.ends_with("/sub"), "{shown}");
+    }
+}
