@@ -317,8 +317,15 @@ fn repo_of(repo_url: &str) -> String {
 }
 
 impl NomadClient {
-    /// Builds the client; fails when the TLS files cannot be read.
+    /// Builds the client; fails when the address is not an http(s) URL or the TLS files
+    /// cannot be read.
     pub fn new(settings: NomadSettings, timeout: Duration) -> Result<NomadClient, String> {
+        if !matches!(settings.addr.scheme(), "http" | "https") || settings.addr.cannot_be_a_base() {
+            return Err(format!(
+                "NOMAD_ADDR {} is not an http:// or https:// URL",
+                settings.addr
+            ));
+        }
         let http = build_client("Nomad", &settings.tls, timeout)?;
         Ok(NomadClient { http, settings })
     }
@@ -333,7 +340,7 @@ impl NomadClient {
         {
             let mut path = url
                 .path_segments_mut()
-                .expect("NOMAD_ADDR is an http(s) URL and has a path");
+                .expect("checked in NomadClient::new: an http(s) URL has a path");
             path.pop_if_empty().push("v1");
             for segment in segments {
                 path.push(segment);
@@ -690,6 +697,23 @@ mod tests {
                 < 320
         );
         assert_eq!(shown_body(StatusCode::BAD_GATEWAY, ""), "502 Bad Gateway");
+    }
+
+    #[test]
+    fn only_http_addresses_are_accepted() {
+        let client = |addr: &str| {
+            NomadClient::new(
+                NomadSettings::new(addr.parse().unwrap()),
+                Duration::from_secs(1),
+            )
+        };
+        assert!(client("unix:///var/run/nomad.sock").is_err());
+        assert!(client("mailto:ops@example.com").is_err());
+        let base = client("https://nomad.example:4646/prefix/").unwrap();
+        assert_eq!(
+            base.url(&["job", "ci/dispatch-1-a"]).as_str(),
+            "https://nomad.example:4646/prefix/v1/job/ci%2Fdispatch-1-a"
+        );
     }
 
     #[test]
