@@ -1,1 +1,1077 @@
-//! Placeholder: filled in by its own change.
+//! Twin of the Nomad HTTP API, for the endpoints the daemon uses: dispatch, list jobs, read
+//! job, deregister/purge.
+//!
+//! Fidelity follows Nomad's own source (`nomad/job_endpoint.go`, `command/agent/*.go`) and the
+//! fixtures in `tests/fixtures/nomad/`: errors are `text/plain`, dispatch validation failures
+//! are HTTP 500 with Nomad's exact messages, an idempotency token returns the existing child
+//! without an evaluation, stubs carry `Meta` only with `meta=true` and only when the job has
+//! meta, and deregistering an unknown job is a 200 with zero-valued fields.
+//!
+//! A [`NomadTwin`] is a cheap handle to shared state: tests and the simulated world keep one
+//! to register parents, move children through their life (placed, finished, failed
+//! placement), take the cluster down, and count the requests the daemon made.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use base64::Engine;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+
+use crate::observe::ChildStatus;
+use crate::sim::twins::TwinServer;
+
+/// Nomad's default namespace, used when a request names none.
+pub const DEFAULT_NAMESPACE: &str = "default";
+/// The one task group every twin job has.
+pub const TASK_GROUP: &str = "runner";
+/// Nomad's limit on a dispatch payload, in decoded bytes (`DispatchPayloadSizeLimit`).
+pub const DISPATCH_PAYLOAD_BYTES_MAX: usize = 16 * 1024;
+
+/// A parameterized job's `payload` rule.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PayloadRule {
+    #[default]
+    Optional,
+    Required,
+    Forbidden,
+}
+
+impl PayloadRule {
+    fn as_str(self) -> &'static str {
+        match self {
+            PayloadRule::Optional => "optional",
+            PayloadRule::Required => "required",
+            PayloadRule::Forbidden => "forbidden",
+        }
+    }
+}
+
+/// How a parent job is registered.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ParentSpec {
+    /// `None`: the default namespace.
+    pub namespace: Option<String>,
+    /// The parent's own `meta`; children inherit it, overlaid with the dispatch meta.
+    pub meta: BTreeMap<String, String>,
+    pub meta_required: Vec<String>,
+    pub meta_optional: Vec<String>,
+    pub payload: PayloadRule,
+}
+
+/// Allocation counts of a job's one task group, as in a job summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GroupSummary {
+    pub queued: u64,
+    pub complete: u64,
+    pub failed: u64,
+    pub running: u64,
+    pub starting: u64,
+    pub lost: u64,
+    pub unknown: u64,
+}
+
+/// One job in the twin: a registered parent (or plain job) or a dispatched child.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TwinJob {
+    pub id: String,
+    pub namespace: String,
+    /// The parent's id for a dispatched child; empty otherwise.
+    pub parent_id: String,
+    pub status: ChildStatus,
+    pub stop: bool,
+    /// Everything Nomad stores, secrets included: the daemon must drop what it does not need.
+    pub meta: BTreeMap<String, String>,
+    /// Set for parents and (as in Nomad, which copies the parent) for their children.
+    pub parameterized: Option<ParentSpec>,
+    pub dispatched: bool,
+    pub dispatch_idempotency_token: String,
+    pub payload: Vec<u8>,
+    pub summary: GroupSummary,
+    /// Nanoseconds since the Unix epoch.
+    pub submit_time_ns: i64,
+    pub create_index: u64,
+    pub modify_index: u64,
+    pub job_modify_index: u64,
+}
+
+impl TwinJob {
+    /// Nomad's `IsParameterized`: a parent, not one of its children.
+    fn is_parameterized(&self) -> bool {
+        self.parameterized.is_some() && !self.dispatched
+    }
+}
+
+/// One request as the twin received it: method, raw path and raw query.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordedRequest {
+    pub method: String,
+    pub path: String,
+    pub query: String,
+}
+
+impl RecordedRequest {
+    /// The query parameters, percent-decoded.
+    pub fn query_pairs(&self) -> Vec<(String, String)> {
+        url::form_urlencoded::parse(self.query.as_bytes())
+            .into_owned()
+            .collect()
+    }
+
+    pub fn query_param(&self, key: &str) -> Option<String> {
+        self.query_pairs()
+            .into_iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v)
+    }
+}
+
+/// What a dispatch returned: the JSON fields of Nomad's `JobDispatchResponse`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DispatchReply {
+    pub index: u64,
+    pub job_create_index: u64,
+    pub eval_create_index: u64,
+    pub eval_id: String,
+    pub dispatched_job_id: String,
+}
+
+/// A refused request: the status and the plain-text body Nomad would send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TwinRefusal {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl TwinRefusal {
+    fn new(status: StatusCode, message: impl Into<String>) -> TwinRefusal {
+        TwinRefusal {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for TwinRefusal {
+    fn into_response(self) -> Response {
+        text_response(self.status, self.message)
+    }
+}
+
+/// A dispatch as the API receives it.
+#[derive(Clone, Debug, Default)]
+pub struct DispatchInput {
+    pub meta: BTreeMap<String, String>,
+    pub payload: Vec<u8>,
+    pub idempotency_token: String,
+    pub id_prefix_template: String,
+}
+
+struct TwinState {
+    acl_token: Option<String>,
+    unavailable: bool,
+    /// Unix seconds; child ids and submit times are taken from it.
+    clock_unix_s: i64,
+    index: u64,
+    /// Keyed by (namespace, id).
+    jobs: BTreeMap<(String, String), TwinJob>,
+    requests: Vec<RecordedRequest>,
+    rng: StdRng,
+}
+
+impl TwinState {
+    fn bump(&mut self) -> u64 {
+        self.index += 1;
+        self.index
+    }
+
+    fn uuid(&mut self) -> String {
+        let bytes: [u8; 16] = self.rng.random();
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        format!(
+            "{}-{}-{}-{}-{}",
+            &hex[0..8],
+            &hex[8..12],
+            &hex[12..16],
+            &hex[16..20],
+            &hex[20..32]
+        )
+    }
+
+    fn find_mut(&mut self, id: &str) -> Option<&mut TwinJob> {
+        self.jobs.values_mut().find(|job| job.id == id)
+    }
+
+    /// Moves a child to `status` with `summary`, bumping its indexes.
+    fn transition(
+        &mut self,
+        child: &str,
+        status: ChildStatus,
+        summary: GroupSummary,
+    ) -> Result<(), String> {
+        let index = self.bump();
+        let job = self
+            .find_mut(child)
+            .filter(|job| job.dispatched)
+            .ok_or_else(|| format!("no child {child}"))?;
+        job.status = status;
+        job.summary = summary;
+        job.modify_index = index;
+        Ok(())
+    }
+
+    fn dispatch(
+        &mut self,
+        namespace: &str,
+        parent_id: &str,
+        input: DispatchInput,
+    ) -> Result<DispatchReply, TwinRefusal> {
+        let refuse = |message: String| TwinRefusal::new(StatusCode::INTERNAL_SERVER_ERROR, message);
+        if parent_id.is_empty() {
+            return Err(refuse("missing parameterized job ID".into()));
+        }
+        let parent = self
+            .jobs
+            .get(&(namespace.to_string(), parent_id.to_string()))
+            .cloned()
+            .ok_or_else(|| refuse("parameterized job not found".into()))?;
+        if !parent.is_parameterized() {
+            return Err(refuse(format!(
+                "Specified job {parent_id:?} is not a parameterized job"
+            )));
+        }
+        if parent.stop {
+            return Err(refuse(format!("Specified job {parent_id:?} is stopped")));
+        }
+        let spec = parent.parameterized.clone().unwrap_or_default();
+        let has_payload = !input.payload.is_empty();
+        match spec.payload {
+            PayloadRule::Required if !has_payload => {
+                return Err(refuse(
+                    "Payload is not provided but required by parameterized job".into(),
+                ));
+            }
+            PayloadRule::Forbidden if has_payload => {
+                return Err(refuse(
+                    "Payload provided but forbidden by parameterized job".into(),
+                ));
+            }
+            _ => {}
+        }
+        if input.payload.len() > DISPATCH_PAYLOAD_BYTES_MAX {
+            return Err(refuse(format!(
+                "Payload exceeds maximum size; {} > {DISPATCH_PAYLOAD_BYTES_MAX}",
+                input.payload.len()
+            )));
+        }
+        // Nomad prints these Go string slices with %v: `[a b]`. Its map order is random; the
+        // twin sorts so tests can compare messages.
+        let unpermitted: Vec<&str> = input
+            .meta
+            .keys()
+            .filter(|k| !spec.meta_required.contains(k) && !spec.meta_optional.contains(k))
+            .map(String::as_str)
+            .collect();
+        if !unpermitted.is_empty() {
+            return Err(refuse(format!(
+                "Dispatch request included unpermitted metadata keys: [{}]",
+                unpermitted.join(" ")
+            )));
+        }
+        let missing: Vec<&str> = spec
+            .meta_required
+            .iter()
+            .filter(|k| !input.meta.contains_key(*k))
+            .map(String::as_str)
+            .collect();
+        if !missing.is_empty() {
+            return Err(refuse(format!(
+                "Dispatch did not provide required meta keys: [{}]",
+                missing.join(" ")
+            )));
+        }
+        // Validation comes first in Nomad too: a replayed token with bad meta is refused.
+        if !input.idempotency_token.is_empty()
+            && let Some(existing) = self.jobs.values().find(|job| {
+                job.namespace == namespace
+                    && job.parent_id == parent_id
+                    && job.dispatch_idempotency_token == input.idempotency_token
+            })
+        {
+            return Ok(DispatchReply {
+                index: existing.modify_index,
+                job_create_index: existing.create_index,
+                eval_create_index: 0,
+                eval_id: String::new(),
+                dispatched_job_id: existing.id.clone(),
+            });
+        }
+
+        let mut meta = parent.meta.clone();
+        meta.extend(input.meta);
+        let suffix = format!("{:08x}", self.rng.random::<u32>());
+        let template = if input.id_prefix_template.is_empty() {
+            String::new()
+        } else {
+            format!("{}-", input.id_prefix_template)
+        };
+        let id = format!(
+            "{parent_id}/dispatch-{template}{}-{suffix}",
+            self.clock_unix_s
+        );
+        let job_create_index = self.bump();
+        let child = TwinJob {
+            id: id.clone(),
+            namespace: namespace.to_string(),
+            parent_id: parent_id.to_string(),
+            status: ChildStatus::Pending,
+            stop: false,
+            meta,
+            parameterized: Some(spec),
+            dispatched: true,
+            dispatch_idempotency_token: input.idempotency_token,
+            payload: input.payload,
+            // An evaluation exists and has not placed the allocation yet.
+            summary: GroupSummary {
+                queued: 1,
+                ..GroupSummary::default()
+            },
+            submit_time_ns: self.clock_unix_s.saturating_mul(1_000_000_000),
+            create_index: job_create_index,
+            modify_index: job_create_index,
+            job_modify_index: job_create_index,
+        };
+        self.jobs.insert((namespace.to_string(), id.clone()), child);
+        let eval_create_index = self.bump();
+        let eval_id = self.uuid();
+        Ok(DispatchReply {
+            index: eval_create_index,
+            job_create_index,
+            eval_create_index,
+            eval_id,
+            dispatched_job_id: id,
+        })
+    }
+}
+
+/// Shared handle to the twin's state. Clones share the state.
+#[derive(Clone)]
+pub struct NomadTwin {
+    state: Arc<Mutex<TwinState>>,
+}
+
+impl Default for NomadTwin {
+    fn default() -> Self {
+        NomadTwin::new()
+    }
+}
+
+impl NomadTwin {
+    /// An empty cluster without ACLs, its clock at the current time, random ids seeded by 0.
+    pub fn new() -> NomadTwin {
+        NomadTwin::with_seed(0)
+    }
+
+    /// An empty cluster whose generated ids derive from `seed`.
+    pub fn with_seed(seed: u64) -> NomadTwin {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0);
+        NomadTwin {
+            state: Arc::new(Mutex::new(TwinState {
+                acl_token: None,
+                unavailable: false,
+                clock_unix_s: now,
+                index: 10,
+                jobs: BTreeMap::new(),
+                requests: Vec::new(),
+                rng: StdRng::seed_from_u64(seed),
+            })),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, TwinState> {
+        // A test that panicked while holding the lock has already failed; keep serving.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The axum router serving the twin's endpoints.
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/v1/jobs", get(list_jobs))
+            .route("/v1/job/{*rest}", any(job_path))
+            .layer(middleware::from_fn_with_state(self.clone(), gatekeeper))
+            .with_state(self.clone())
+    }
+
+    /// Serves the twin on loopback.
+    pub async fn serve(&self) -> std::io::Result<TwinServer> {
+        TwinServer::start(self.router()).await
+    }
+
+    // ---- configuration ----
+
+    /// With `Some(token)`, every request must carry it (`X-Nomad-Token` or a Bearer header).
+    pub fn set_acl_token(&self, token: Option<&str>) {
+        self.lock().acl_token = token.map(str::to_string);
+    }
+
+    /// An outage: every request gets Nomad's `500 No cluster leader`.
+    pub fn set_unavailable(&self, unavailable: bool) {
+        self.lock().unavailable = unavailable;
+    }
+
+    pub fn set_clock(&self, unix_s: i64) {
+        self.lock().clock_unix_s = unix_s;
+    }
+
+    pub fn advance_clock(&self, seconds: i64) {
+        self.lock().clock_unix_s += seconds;
+    }
+
+    pub fn clock(&self) -> i64 {
+        self.lock().clock_unix_s
+    }
+
+    /// Registers a parameterized batch job in the default namespace.
+    pub fn register_parent(
+        &self,
+        id: &str,
+        meta_required: &[&str],
+        meta_optional: &[&str],
+        payload: PayloadRule,
+    ) {
+        self.register_parent_spec(
+            id,
+            ParentSpec {
+                meta_required: meta_required.iter().map(|s| s.to_string()).collect(),
+                meta_optional: meta_optional.iter().map(|s| s.to_string()).collect(),
+                payload,
+                ..ParentSpec::default()
+            },
+        );
+    }
+
+    /// Registers (or replaces) a parameterized batch job.
+    pub fn register_parent_spec(&self, id: &str, spec: ParentSpec) {
+        let namespace = spec
+            .namespace
+            .clone()
+            .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string());
+        self.register_job(TwinJob {
+            id: id.to_string(),
+            namespace,
+            parent_id: String::new(),
+            // A parameterized job never runs itself; Nomad reports it `running`.
+            status: ChildStatus::Running,
+            stop: false,
+            meta: spec.meta.clone(),
+            parameterized: Some(spec),
+            dispatched: false,
+            dispatch_idempotency_token: String::new(),
+            payload: Vec::new(),
+            summary: GroupSummary::default(),
+            submit_time_ns: 0,
+            create_index: 0,
+            modify_index: 0,
+            job_modify_index: 0,
+        });
+    }
+
+    /// Registers a plain (not parameterized) batch job, e.g. to dispatch to it by mistake.
+    pub fn register_plain_job(&self, id: &str) {
+        self.register_job(TwinJob {
+            id: id.to_string(),
+            namespace: DEFAULT_NAMESPACE.to_string(),
+            parent_id: String::new(),
+            status: ChildStatus::Pending,
+            stop: false,
+            meta: BTreeMap::new(),
+            parameterized: None,
+            dispatched: false,
+            dispatch_idempotency_token: String::new(),
+            payload: Vec::new(),
+            summary: GroupSummary {
+                queued: 1,
+                ..GroupSummary::default()
+            },
+            submit_time_ns: 0,
+            create_index: 0,
+            modify_index: 0,
+            job_modify_index: 0,
+        });
+    }
+
+    fn register_job(&self, mut job: TwinJob) {
+        let mut state = self.lock();
+        let index = state.bump();
+        job.create_index = index;
+        job.modify_index = index;
+        job.job_modify_index = index;
+        job.submit_time_ns = state.clock_unix_s.saturating_mul(1_000_000_000);
+        state
+            .jobs
+            .insert((job.namespace.clone(), job.id.clone()), job);
+    }
+
+    /// `nomad job stop <parent>`: further dispatches are refused.
+    pub fn stop_parent(&self, id: &str) -> Result<(), String> {
+        let mut state = self.lock();
+        let index = state.bump();
+        let job = state
+            .find_mut(id)
+            .filter(|job| job.is_parameterized())
+            .ok_or_else(|| format!("no parent {id}"))?;
+        job.stop = true;
+        job.modify_index = index;
+        job.job_modify_index = index;
+        Ok(())
+    }
+
+    // ---- the world moving ----
+
+    /// Dispatches as `nomad job dispatch` would, in `namespace` (e.g. a child started by
+    /// hand, without `managed_by`).
+    pub fn dispatch(
+        &self,
+        namespace: &str,
+        parent: &str,
+        input: DispatchInput,
+    ) -> Result<DispatchReply, TwinRefusal> {
+        self.lock().dispatch(namespace, parent, input)
+    }
+
+    /// The children of `parent` in any namespace, oldest first.
+    pub fn children(&self, parent: &str) -> Vec<TwinJob> {
+        let mut children: Vec<TwinJob> = self
+            .lock()
+            .jobs
+            .values()
+            .filter(|job| job.dispatched && job.parent_id == parent)
+            .cloned()
+            .collect();
+        children.sort_by_key(|job| job.create_index);
+        children
+    }
+
+    /// One job by id, in any namespace.
+    pub fn job(&self, id: &str) -> Option<TwinJob> {
+        self.lock().jobs.values().find(|job| job.id == id).cloned()
+    }
+
+    /// The allocation was placed and runs: `running`, one allocation running.
+    pub fn place(&self, child: &str) -> Result<(), String> {
+        self.lock().transition(
+            child,
+            ChildStatus::Running,
+            GroupSummary {
+                running: 1,
+                ..GroupSummary::default()
+            },
+        )
+    }
+
+    /// The allocation ended, successfully or not: `dead`, one allocation complete or failed.
+    pub fn finish(&self, child: &str, ok: bool) -> Result<(), String> {
+        let summary = if ok {
+            GroupSummary {
+                complete: 1,
+                ..GroupSummary::default()
+            }
+        } else {
+            GroupSummary {
+                failed: 1,
+                ..GroupSummary::default()
+            }
+        };
+        self.lock().transition(child, ChildStatus::Dead, summary)
+    }
+
+    /// The evaluation failed without placing anything: `dead` with no allocation at all.
+    pub fn fail_evaluation(&self, child: &str) -> Result<(), String> {
+        self.lock()
+            .transition(child, ChildStatus::Dead, GroupSummary::default())
+    }
+
+    /// Back to `pending` with the allocation queued (the state right after dispatch).
+    pub fn leave_pending(&self, child: &str) -> Result<(), String> {
+        self.lock().transition(
+            child,
+            ChildStatus::Pending,
+            GroupSummary {
+                queued: 1,
+                ..GroupSummary::default()
+            },
+        )
+    }
+
+    // ---- the request log ----
+
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.lock().requests.clone()
+    }
+
+    /// Returns the log and empties it, e.g. between ticks.
+    pub fn take_requests(&self) -> Vec<RecordedRequest> {
+        std::mem::take(&mut self.lock().requests)
+    }
+}
+
+// ---- HTTP ----
+
+fn text_response(status: StatusCode, message: impl Into<String>) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        message.into(),
+    )
+        .into_response()
+}
+
+/// `X-Nomad-Index`, `X-Nomad-KnownLeader` and `X-Nomad-LastContact`, as on Nomad reads.
+fn query_meta_headers(index: u64) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert("X-Nomad-Index", HeaderValue::from(index));
+    headers.insert("X-Nomad-KnownLeader", HeaderValue::from_static("true"));
+    headers.insert("X-Nomad-LastContact", HeaderValue::from_static("0"));
+    headers
+}
+
+fn json_response(headers: HeaderMap, body: Value) -> Response {
+    (StatusCode::OK, headers, axum::Json(body)).into_response()
+}
+
+/// Records every request, then plays outage and ACL checks before any endpoint runs.
+async fn gatekeeper(State(twin): State<NomadTwin>, request: Request, next: Next) -> Response {
+    let refusal = {
+        let mut state = twin.lock();
+        state.requests.push(RecordedRequest {
+            method: request.method().to_string(),
+            path: request.uri().path().to_string(),
+            query: request.uri().query().unwrap_or("").to_string(),
+        });
+        if state.unavailable {
+            Some(TwinRefusal::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "No cluster leader",
+            ))
+        } else if let Some(expected) = &state.acl_token {
+            match presented_token(request.headers()) {
+                None => Some(TwinRefusal::new(StatusCode::FORBIDDEN, "Permission denied")),
+                Some(token) if token != *expected => Some(TwinRefusal::new(
+                    StatusCode::FORBIDDEN,
+                    "ACL token not found",
+                )),
+                Some(_) => None,
+            }
+        } else {
+            None
+        }
+    };
+    match refusal {
+        Some(refusal) => refusal.into_response(),
+        None => next.run(request).await,
+    }
+}
+
+/// The token of a request: `X-Nomad-Token` wins over `Authorization: Bearer`.
+fn presented_token(headers: &HeaderMap) -> Option<String> {
+    if let Some(token) = headers.get("X-Nomad-Token").and_then(|v| v.to_str().ok()) {
+        return Some(token.to_string());
+    }
+    let authorization = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = authorization.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim().to_string())
+}
+
+/// Go's `strconv.ParseBool`, which Nomad uses for boolean query parameters.
+fn parse_go_bool(raw: &str) -> Option<bool> {
+    match raw {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
+    url::form_urlencoded::parse(query.unwrap_or("").as_bytes())
+        .into_owned()
+        .collect()
+}
+
+fn param<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    pairs
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+fn namespace_of(pairs: &[(String, String)]) -> String {
+    param(pairs, "namespace")
+        .filter(|ns| !ns.is_empty())
+        .unwrap_or(DEFAULT_NAMESPACE)
+        .to_string()
+}
+
+fn summary_json(summary: &GroupSummary) -> Value {
+    json!({
+        "Queued": summary.queued,
+        "Complete": summary.complete,
+        "Failed": summary.failed,
+        "Running": summary.running,
+        "Starting": summary.starting,
+        "Lost": summary.lost,
+        "Unknown": summary.unknown,
+    })
+}
+
+/// The `JobListStub` of `job`, as `GET /v1/jobs` returns it.
+fn stub_json(job: &TwinJob, all: &BTreeMap<(String, String), TwinJob>, with_meta: bool) -> Value {
+    let children = all
+        .values()
+        .filter(|c| c.dispatched && c.namespace == job.namespace && c.parent_id == job.id);
+    let (mut pending, mut running, mut dead) = (0u64, 0u64, 0u64);
+    for child in children {
+        match child.status {
+            ChildStatus::Pending => pending += 1,
+            ChildStatus::Running => running += 1,
+            ChildStatus::Dead => dead += 1,
+        }
+    }
+    let mut stub = json!({
+        "ID": job.id,
+        "ParentID": job.parent_id,
+        "Name": job.id,
+        "Namespace": job.namespace,
+        "Datacenters": ["dc1"],
+        "NodePool": "default",
+        "Multiregion": null,
+        "Type": "batch",
+        "Priority": 50,
+        "Periodic": false,
+        "ParameterizedJob": job.is_parameterized(),
+        "Stop": job.stop,
+        "Status": job.status.as_str(),
+        "StatusDescription": "",
+        "JobSummary": {
+            "JobID": job.id,
+            "Namespace": job.namespace,
+            "Summary": { TASK_GROUP: summary_json(&job.summary) },
+            "Children": { "Pending": pending, "Running": running, "Dead": dead },
+            "CreateIndex": job.create_index,
+            "ModifyIndex": job.modify_index,
+        },
+        "CreateIndex": job.create_index,
+        "ModifyIndex": job.modify_index,
+        "JobModifyIndex": job.job_modify_index,
+        "SubmitTime": job.submit_time_ns,
+    });
+    // `Meta` is omitempty in Nomad's stub: absent without `meta=true` or without meta.
+    if with_meta && !job.meta.is_empty() {
+        stub["Meta"] = json!(job.meta);
+    }
+    stub
+}
+
+/// The full job, as `GET /v1/job/{id}` returns it (secrets in meta included, as in Nomad).
+fn job_json(job: &TwinJob) -> Value {
+    let parameterized = job.parameterized.as_ref().map(|spec| {
+        json!({
+            "Payload": spec.payload.as_str(),
+            "MetaRequired": spec.meta_required,
+            "MetaOptional": spec.meta_optional,
+        })
+    });
+    // Nomad stores a child's payload snappy-compressed and returns those bytes; the twin
+    // returns the raw bytes, base64-encoded like any []byte.
+    let payload = (!job.payload.is_empty())
+        .then(|| base64::engine::general_purpose::STANDARD.encode(&job.payload));
+    json!({
+        "Region": "global",
+        "Namespace": job.namespace,
+        "ID": job.id,
+        "ParentID": job.parent_id,
+        "Name": job.id,
+        "Type": "batch",
+        "Priority": 50,
+        "AllAtOnce": false,
+        "Datacenters": ["dc1"],
+        "NodePool": "default",
+        "Constraints": null,
+        "Affinities": null,
+        "Spreads": null,
+        "TaskGroups": [{
+            "Name": TASK_GROUP,
+            "Count": 1,
+            "RestartPolicy": {
+                "Attempts": 0,
+                "Interval": 86_400_000_000_000u64,
+                "Delay": 15_000_000_000u64,
+                "Mode": "fail",
+            },
+            "Tasks": [{
+                "Name": TASK_GROUP,
+                "Driver": "docker",
+                "Config": { "image": "ghcr.io/actions/actions-runner:latest" },
+                "Resources": { "CPU": 1000, "MemoryMB": 2048 },
+            }],
+            "Meta": null,
+        }],
+        "Update": { "Stagger": 0, "MaxParallel": 0 },
+        "Multiregion": null,
+        "Periodic": null,
+        "ParameterizedJob": parameterized,
+        "Dispatched": job.dispatched,
+        "DispatchIdempotencyToken": job.dispatch_idempotency_token,
+        "Payload": payload,
+        "Meta": job.meta,
+        "Stop": job.stop,
+        "Status": job.status.as_str(),
+        "StatusDescription": "",
+        "Stable": false,
+        "Version": 0,
+        "SubmitTime": job.submit_time_ns,
+        "CreateIndex": job.create_index,
+        "ModifyIndex": job.modify_index,
+        "JobModifyIndex": job.job_modify_index,
+    })
+}
+
+/// `GET /v1/jobs`: `prefix`, `namespace` (`*` for all), `meta`, `per_page`, `next_token`.
+async fn list_jobs(State(twin): State<NomadTwin>, request: Request) -> Response {
+    let pairs = query_pairs(request.uri().query());
+    let namespace = namespace_of(&pairs);
+    let prefix = param(&pairs, "prefix").unwrap_or("");
+    let with_meta = match param(&pairs, "meta") {
+        None | Some("") => false,
+        Some(raw) => match parse_go_bool(raw) {
+            Some(value) => value,
+            None => {
+                return text_response(
+                    StatusCode::BAD_REQUEST,
+                    format!("Failed to parse value of \"meta\" ({raw})"),
+                );
+            }
+        },
+    };
+    let per_page = match param(&pairs, "per_page").map(str::parse::<usize>) {
+        None => None,
+        Some(Ok(n)) if n > 0 => Some(n),
+        Some(_) => {
+            return text_response(StatusCode::BAD_REQUEST, "Failed to parse per_page");
+        }
+    };
+    let next_token = param(&pairs, "next_token").unwrap_or("");
+
+    let state = twin.lock();
+    // Nomad iterates its job table in (namespace, id) order; the page token is the id of the
+    // first job of the next page.
+    let matching: Vec<&TwinJob> = state
+        .jobs
+        .values()
+        .filter(|job| namespace == "*" || job.namespace == namespace)
+        .filter(|job| job.id.starts_with(prefix))
+        .filter(|job| next_token.is_empty() || job.id.as_str() >= next_token)
+        .collect();
+    let (page, next) = match per_page {
+        Some(n) if matching.len() > n => (&matching[..n], Some(matching[n].id.clone())),
+        _ => (&matching[..], None),
+    };
+    let stubs: Vec<Value> = page
+        .iter()
+        .map(|job| stub_json(job, &state.jobs, with_meta))
+        .collect();
+    let mut headers = query_meta_headers(state.index);
+    if let Some(next) = next
+        && let Ok(value) = HeaderValue::from_str(&next)
+    {
+        headers.insert("X-Nomad-NextToken", value);
+    }
+    json_response(headers, Value::Array(stubs))
+}
+
+/// Everything under `/v1/job/`: the job id may contain `/` (children do), arrive escaped as
+/// `%2F` (axum decodes the captured path), and be followed by `/dispatch`.
+async fn job_path(
+    State(twin): State<NomadTwin>,
+    method: Method,
+    Path(rest): Path<String>,
+    request: Request,
+) -> Response {
+    let pairs = query_pairs(request.uri().query());
+    let body = match axum::body::to_bytes(request.into_body(), 1 << 20).await {
+        Ok(body) => body,
+        Err(_) => return text_response(StatusCode::BAD_REQUEST, "Request body too large"),
+    };
+    // Nomad's agent routes on the suffix the same way, so a job literally named
+    // `x/dispatch` cannot be read through this endpoint there either.
+    if let Some(parent) = rest.strip_suffix("/dispatch") {
+        return match method {
+            Method::POST | Method::PUT => dispatch_endpoint(&twin, parent, &pairs, &body),
+            _ => text_response(StatusCode::METHOD_NOT_ALLOWED, "Invalid method"),
+        };
+    }
+    match method {
+        Method::GET => read_job(&twin, &rest, &pairs),
+        Method::DELETE => deregister_job(&twin, &rest, &pairs),
+        _ => text_response(StatusCode::METHOD_NOT_ALLOWED, "Invalid method"),
+    }
+}
+
+fn dispatch_endpoint(
+    twin: &NomadTwin,
+    parent: &str,
+    pairs: &[(String, String)],
+    body: &Bytes,
+) -> Response {
+    let namespace = namespace_of(pairs);
+    let request: Value = if body.is_empty() {
+        json!({})
+    } else {
+        match serde_json::from_slice(body) {
+            Ok(value) => value,
+            Err(e) => return text_response(StatusCode::BAD_REQUEST, e.to_string()),
+        }
+    };
+    if let Some(job_id) = request.get("JobID").and_then(Value::as_str)
+        && !job_id.is_empty()
+        && job_id != parent
+    {
+        return text_response(StatusCode::BAD_REQUEST, "Job ID does not match");
+    }
+    let meta: BTreeMap<String, String> = match request.get("Meta") {
+        None | Some(Value::Null) => BTreeMap::new(),
+        Some(meta) => match serde_json::from_value(meta.clone()) {
+            Ok(meta) => meta,
+            Err(e) => return text_response(StatusCode::BAD_REQUEST, e.to_string()),
+        },
+    };
+    let payload = match request.get("Payload").and_then(Value::as_str) {
+        None => Vec::new(),
+        Some(encoded) => match base64::engine::general_purpose::STANDARD.decode(encoded) {
+            Ok(bytes) => bytes,
+            Err(e) => return text_response(StatusCode::BAD_REQUEST, e.to_string()),
+        },
+    };
+    let input = DispatchInput {
+        meta,
+        payload,
+        idempotency_token: param(pairs, "idempotency_token").unwrap_or("").to_string(),
+        id_prefix_template: request
+            .get("IdPrefixTemplate")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+    };
+    match twin.dispatch(&namespace, parent, input) {
+        Ok(reply) => {
+            let mut headers = HeaderMap::new();
+            headers.insert("X-Nomad-Index", HeaderValue::from(reply.index));
+            json_response(
+                headers,
+                json!({
+                    "Index": reply.index,
+                    "JobCreateIndex": reply.job_create_index,
+                    "EvalCreateIndex": reply.eval_create_index,
+                    "EvalID": reply.eval_id,
+                    "DispatchedJobID": reply.dispatched_job_id,
+                }),
+            )
+        }
+        Err(refusal) => refusal.into_response(),
+    }
+}
+
+fn read_job(twin: &NomadTwin, id: &str, pairs: &[(String, String)]) -> Response {
+    let namespace = namespace_of(pairs);
+    let state = twin.lock();
+    match state.jobs.get(&(namespace, id.to_string())) {
+        Some(job) => json_response(query_meta_headers(job.modify_index), job_json(job)),
+        None => {
+            let mut response = text_response(StatusCode::NOT_FOUND, "job not found");
+            response
+                .headers_mut()
+                .extend(query_meta_headers(state.index));
+            response
+        }
+    }
+}
+
+fn deregister_job(twin: &NomadTwin, id: &str, pairs: &[(String, String)]) -> Response {
+    let namespace = namespace_of(pairs);
+    let purge = match param(pairs, "purge") {
+        None | Some("") => false,
+        Some(raw) => match parse_go_bool(raw) {
+            Some(value) => value,
+            None => {
+                return text_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!(
+                        "Failed to parse value of \"purge\" ({raw}): strconv.ParseBool: parsing {raw:?}: invalid syntax"
+                    ),
+                );
+            }
+        },
+    };
+    let mut state = twin.lock();
+    let key = (namespace, id.to_string());
+    let Some(job) = state.jobs.get(&key).cloned() else {
+        // Deregistering an unknown job succeeds with zero-valued fields.
+        return json_response(HeaderMap::new(), deregister_reply_json("", 0, 0, 0));
+    };
+    let index = state.bump();
+    if purge {
+        state.jobs.remove(&key);
+    } else if let Some(job) = state.jobs.get_mut(&key) {
+        job.stop = true;
+        job.status = ChildStatus::Dead;
+        job.modify_index = index;
+        job.job_modify_index = index;
+    }
+    // No evaluation for a parameterized (or periodic) parent; one for anything else.
+    let (eval_id, eval_index) = if job.is_parameterized() {
+        (String::new(), 0)
+    } else {
+        let eval_index = state.bump();
+        (state.uuid(), eval_index)
+    };
+    let reply_index = eval_index.max(index);
+    let mut headers = HeaderMap::new();
+    headers.insert("X-Nomad-Index", HeaderValue::from(reply_index));
+    json_response(
+        headers,
+        deregister_reply_json(&eval_id, eval_index, index, reply_index),
+    )
+}
+
+/// `JobDeregisterResponse`: the three fields of the docs' sample plus the rest of the
+/// source struct and its embedded query meta.
+fn deregister_reply_json(
+    eval_id: &str,
+    eval_create_index: u64,
+    job_modify_index: u64,
+    index: u64,
+) -> Value {
+    json!({
+        "EvalID": eval_id,
+        "EvalCreateIndex": eval_create_index,
+        "JobModifyIndex": job_modify_index,
+        "VolumeEvalID": "",
+        "VolumeEvalIndex": 0,
+        "Index": index,
+        "LastContact": 0,
+        "KnownLeader": false,
+        "NextToken": "",
+    })
+}

@@ -1,0 +1,57 @@
+# The document runner-scaler reads, and the one permission it needs in Consul.
+
+resource "consul_keys" "runner_config" {
+  key {
+    path  = var.config_key
+    value = file("${path.module}/${var.config_file}")
+  }
+
+  # The document is edited in Consul (adding a repo is one line there); Terraform seeds it
+  # and must not put an old copy back on the next apply.
+  lifecycle {
+    ignore_changes = [key]
+  }
+}
+
+# Read on exactly the document's key: not a prefix, not the rest of KV. (The leader lock,
+# when it exists, will need its own `session` and key rules here.)
+resource "consul_acl_policy" "runner_scaler_config" {
+  name        = "runner-scaler-config"
+  description = "runner-scaler reads its document"
+  rules       = <<-EOT
+    key "runners/config" {
+      policy = "read"
+    }
+  EOT
+}
+
+# Nomad's Consul workload identity logs in through this auth method; the binding rule gives
+# the runner-scaler task, and only it, the role carrying the policy above.
+resource "consul_acl_auth_method" "nomad_workloads" {
+  name        = "nomad-workloads"
+  type        = "jwt"
+  description = "Nomad workload identities"
+  config_json = jsonencode({
+    JWKSURL          = var.nomad_jwks_url
+    JWTSupportedAlgs = ["RS256"]
+    BoundAudiences   = ["consul.io"]
+    ClaimMappings = {
+      nomad_namespace = "nomad_namespace"
+      nomad_job_id    = "nomad_job_id"
+      nomad_task      = "nomad_task"
+    }
+  })
+}
+
+resource "consul_acl_role" "runner_scaler" {
+  name     = "runner-scaler"
+  policies = [consul_acl_policy.runner_scaler_config.id]
+}
+
+resource "consul_acl_binding_rule" "runner_scaler" {
+  auth_method = consul_acl_auth_method.nomad_workloads.name
+  description = "runner-scaler's task gets the runner-scaler role"
+  selector    = "value.nomad_namespace==\"${var.daemon_namespace}\" and value.nomad_job_id==\"${var.daemon_job_id}\""
+  bind_type   = "role"
+  bind_name   = consul_acl_role.runner_scaler.name
+}
