@@ -393,7 +393,9 @@ impl GitHub {
         repo: &RepoName,
         permission: Permission,
     ) -> Result<InstallationToken, PortError> {
-        let doing = format!("mint a {permission} token for {repo} (installation {installation})");
+        let doing = format!(
+            "mint an installation token ({permission}) for {repo} (installation {installation})"
+        );
         let path = format!("/app/installations/{installation}/access_tokens");
         let body = permission.token_request(repo);
         let answer = match self

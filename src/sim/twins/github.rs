@@ -376,9 +376,9 @@ impl GitHubTwin {
         TwinServer::start(self.router()).await
     }
 
-    /// The twin's clock: the wall clock moved by [`GitHubTwin::advance_clock`]. Token expiry and
-    /// rate-limit windows follow it; JWTs are checked against the wall clock, because the
-    /// daemon signs them with its own.
+    /// The twin's clock: the wall clock moved by [`GitHubTwin::advance_clock`]. Token expiry,
+    /// rate-limit windows and JWT checks follow it, so a daemon under test must read the same
+    /// clock (as GitHub and a real host share NTP time).
     pub fn now(&self) -> DateTime<Utc> {
         self.lock().now()
     }
@@ -652,6 +652,11 @@ impl GitHubTwin {
                 expires_at: None,
             },
         );
+    }
+
+    /// Revokes one token (a rotated PAT): its next use is a 401.
+    pub fn revoke_token(&self, token: &str) {
+        self.lock().tokens.remove(token);
     }
 
     /// Revokes every installation token issued so far: their next use is a 401.
@@ -1024,11 +1029,13 @@ impl Twin {
         let mut validation = Validation::new(Algorithm::RS256);
         validation.validate_exp = false;
         validation.validate_aud = false;
-        validation.set_required_spec_claims(&["exp", "iat", "iss"]);
+        // `iss` is checked below: jsonwebtoken's check wants a string, and GitHub accepts the
+        // numeric App id as a number too. `iat` is required by `JwtClaims` itself.
+        validation.set_required_spec_claims(&["exp"]);
         let claims = jsonwebtoken::decode::<JwtClaims>(&jwt, &self.app_key, &validation)
             .map_err(|_| undecodable())?
             .claims;
-        let wall = Utc::now().timestamp();
+        let wall = self.now().timestamp();
         if claims.exp <= wall {
             return Err(unauthorized(
                 "'Expiration time' claim ('exp') must be a numeric value representing the future time at which the assertion expires.",
