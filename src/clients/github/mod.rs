@@ -750,7 +750,7 @@ impl QueueSource for GitHub {
     /// BRIEF step 2: GitHub has no "list queued jobs" call, so walk the `queued` and the
     /// `in_progress` runs (a run is in progress while one of its jobs still waits), list each
     /// run's latest jobs, keep the self-hosted ones, de-duplicate by job id.
-    #[instrument(skip_all, fields(repo = %repo.repo))]
+    #[instrument(level = "debug", skip_all, fields(repo = %repo.repo))]
     async fn list_jobs(&self, repo: &RepoConfig) -> Result<RepoJobs, PortError> {
         if !repo.mode.is_github() {
             return Err(not_github(repo));
@@ -811,7 +811,7 @@ impl QueueSource for GitHub {
 
 #[async_trait]
 impl Registrar for GitHub {
-    #[instrument(skip_all, fields(repo = %repo.repo))]
+    #[instrument(level = "debug", skip_all, fields(repo = %repo.repo))]
     async fn mint(&self, repo: &RepoConfig) -> Result<Option<RegistrationToken>, PortError> {
         match &repo.mode {
             // The runner job reads its admin token from Vault itself; the daemon cannot.

@@ -274,6 +274,9 @@ pub fn classify(
     let class = match code {
         401 => ErrorClass::Unauthorized,
         404 => ErrorClass::NotFound,
+        // Redirects are not followed (a token must not travel to another URL); GitHub
+        // answers 301 for a renamed repo, so the document names the old one.
+        300..=399 => ErrorClass::Configuration,
         400 | 409 | 410 | 422 => ErrorClass::Configuration,
         _ => ErrorClass::Transient,
     };
@@ -387,6 +390,7 @@ mod tests {
             (401, ErrorClass::Unauthorized),
             (404, ErrorClass::NotFound),
             (422, ErrorClass::Configuration),
+            (301, ErrorClass::Configuration),
             (500, ErrorClass::Transient),
             (502, ErrorClass::Transient),
             (503, ErrorClass::Transient),

@@ -1516,7 +1516,7 @@ impl Twin {
                         status.is_none_or(|wanted| wanted == s || Some(wanted) == c)
                     })
                     .collect();
-                runs.sort_by(|a, b| b.id.cmp(&a.id));
+                runs.sort_by_key(|run| std::cmp::Reverse(run.id));
                 let searched = [
                     "actor",
                     "branch",
