@@ -1,0 +1,249 @@
+//! GitHub App authentication: the App's JWT, installations per owner, and installation
+//! tokens narrowed to one repo and one permission.
+//!
+//! octocrab's own App support is not used: `octocrab::auth::create_jwt` takes only a numeric
+//! App id (GitHub now recommends the client id as `iss`), and its installation tokens cover the
+//! whole installation with every permission the App has, which is exactly what the daemon
+//! must not hold.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, Duration, Utc};
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use secrecy::{ExposeSecret, SecretString};
+use serde::Serialize;
+
+use crate::model::{ErrorClass, RepoName};
+use crate::observe::PortError;
+
+/// GitHub refuses a JWT whose `exp` is more than 10 minutes ahead; 9 leaves room for drift.
+const JWT_LIFETIME: Duration = Duration::minutes(9);
+/// `iat` is backdated as GitHub recommends, so a server clock slightly behind ours accepts it.
+const JWT_BACKDATE: Duration = Duration::seconds(60);
+/// An installation token is used only while it has at least this long to live, so a request
+/// never starts with a token that expires on the way.
+pub const TOKEN_RENEW_BEFORE: Duration = Duration::minutes(5);
+/// Installations rarely move; looking them up again hourly notices a re-installed App.
+pub const INSTALLATION_TTL: Duration = Duration::hours(1);
+
+/// The one permission an installation token is minted with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Permission {
+    /// `actions: read`: list runs and jobs.
+    ActionsRead,
+    /// `administration: write`: mint registration tokens, manage runners.
+    AdministrationWrite,
+}
+
+impl Permission {
+    pub fn name(self) -> &'static str {
+        match self {
+            Permission::ActionsRead => "actions",
+            Permission::AdministrationWrite => "administration",
+        }
+    }
+
+    pub fn level(self) -> &'static str {
+        match self {
+            Permission::ActionsRead => "read",
+            Permission::AdministrationWrite => "write",
+        }
+    }
+
+    /// The body of `POST /app/installations/{id}/access_tokens` for one repo.
+    pub fn token_request(self, repo: &RepoName) -> serde_json::Value {
+        serde_json::json!({
+            "repositories": [repo.name()],
+            "permissions": { self.name(): self.level() },
+        })
+    }
+}
+
+impl std::fmt::Display for Permission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.name(), self.level())
+    }
+}
+
+/// Signs the App's JWTs.
+pub struct AppSigner {
+    app_id: String,
+    key: EncodingKey,
+}
+
+#[derive(Serialize)]
+struct Claims {
+    iss: serde_json::Value,
+    iat: i64,
+    exp: i64,
+}
+
+impl AppSigner {
+    /// `app_id` is the numeric App id or the App's client id; `private_key` its PEM key.
+    pub fn new(app_id: &str, private_key: &SecretString) -> Result<AppSigner, String> {
+        let app_id = app_id.trim();
+        if app_id.is_empty() {
+            return Err("GitHub App id is empty".to_string());
+        }
+        // jsonwebtoken's error names the problem (e.g. "InvalidKeyFormat"), never the key.
+        let key = EncodingKey::from_rsa_pem(private_key.expose_secret().as_bytes())
+            .map_err(|e| format!("GitHub App private key is not an RSA PEM key: {e}"))?;
+        Ok(AppSigner {
+            app_id: app_id.to_string(),
+            key,
+        })
+    }
+
+    pub fn app_id(&self) -> &str {
+        &self.app_id
+    }
+
+    /// A JWT valid from a minute ago to nine minutes from `now`.
+    pub fn jwt(&self, now: DateTime<Utc>) -> Result<SecretString, PortError> {
+        // A numeric App id goes out as a number, as in GitHub's own examples; a client id
+        // (`Iv1.…`) as a string.
+        let iss = match self.app_id.parse::<u64>() {
+            Ok(id) => serde_json::Value::from(id),
+            Err(_) => serde_json::Value::from(self.app_id.clone()),
+        };
+        let claims = Claims {
+            iss,
+            iat: (now - JWT_BACKDATE).timestamp(),
+            exp: (now + JWT_LIFETIME).timestamp(),
+        };
+        jsonwebtoken::encode(&Header::new(Algorithm::RS256), &claims, &self.key)
+            .map(SecretString::from)
+            .map_err(|e| {
+                PortError::new(
+                    ErrorClass::Configuration,
+                    format!("sign the GitHub App JWT: {e}"),
+                )
+            })
+    }
+}
+
+/// An installation token and what it was minted for.
+#[derive(Clone)]
+pub struct InstallationToken {
+    pub token: SecretString,
+    pub installation: u64,
+    pub expires_at: DateTime<Utc>,
+}
+
+impl InstallationToken {
+    pub fn is_fresh(&self, now: DateTime<Utc>) -> bool {
+        now + TOKEN_RENEW_BEFORE < self.expires_at
+    }
+}
+
+type Slot = Arc<tokio::sync::Mutex<Option<InstallationToken>>>;
+
+/// Installation tokens per (repo, permission). Each key has its own async lock so that
+/// concurrent calls on one repo mint one token between them, while other repos go on.
+#[derive(Default)]
+pub struct TokenCache {
+    slots: Mutex<HashMap<(RepoName, Permission), Slot>>,
+}
+
+impl TokenCache {
+    pub fn slot(&self, repo: &RepoName, permission: Permission) -> Slot {
+        let mut slots = self.slots.lock().expect("token cache lock");
+        slots.entry((repo.clone(), permission)).or_default().clone()
+    }
+}
+
+/// Installation ids per owner, with when they were looked up.
+#[derive(Default)]
+pub struct Installations {
+    by_owner: Mutex<HashMap<String, (u64, DateTime<Utc>)>>,
+}
+
+impl Installations {
+    pub fn get(&self, owner: &str, now: DateTime<Utc>) -> Option<u64> {
+        let by_owner = self.by_owner.lock().expect("installations lock");
+        let (id, looked_up) = by_owner.get(owner)?;
+        (now - *looked_up < INSTALLATION_TTL).then_some(*id)
+    }
+
+    /// The id last seen for `owner`, however old: enough to name its rate-limit budget.
+    pub fn last_known(&self, owner: &str) -> Option<u64> {
+        let by_owner = self.by_owner.lock().expect("installations lock");
+        by_owner.get(owner).map(|(id, _)| *id)
+    }
+
+    pub fn put(&self, owner: &str, id: u64, now: DateTime<Utc>) {
+        let mut by_owner = self.by_owner.lock().expect("installations lock");
+        by_owner.insert(owner.to_string(), (id, now));
+    }
+
+    pub fn forget(&self, owner: &str) {
+        let mut by_owner = self.by_owner.lock().expect("installations lock");
+        by_owner.remove(owner);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jsonwebtoken::{DecodingKey, Validation};
+
+    const PRIVATE_KEY: &str = include_str!("../../../tests/fixtures/github/test-only-app-key.pem");
+    const PUBLIC_KEY: &str =
+        include_str!("../../../tests/fixtures/github/test-only-app-key.pub.pem");
+
+    fn decode(jwt: &SecretString) -> serde_json::Value {
+        let mut validation = Validation::new(Algorithm::RS256);
+        validation.validate_exp = false;
+        validation.required_spec_claims.clear();
+        jsonwebtoken::decode::<serde_json::Value>(
+            jwt.expose_secret(),
+            &DecodingKey::from_rsa_pem(PUBLIC_KEY.as_bytes()).unwrap(),
+            &validation,
+        )
+        .unwrap()
+        .claims
+    }
+
+    #[test]
+    fn jwt_is_backdated_a_minute_and_lives_under_ten() {
+        let signer = AppSigner::new("12345", &SecretString::from(PRIVATE_KEY)).unwrap();
+        let now = DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+        let claims = decode(&signer.jwt(now).unwrap());
+        assert_eq!(claims["iss"], serde_json::json!(12345));
+        assert_eq!(claims["iat"], serde_json::json!(1_700_000_000 - 60));
+        let exp = claims["exp"].as_i64().unwrap();
+        assert!(exp > 1_700_000_000 && exp - 1_700_000_000 <= 600, "{exp}");
+    }
+
+    #[test]
+    fn client_ids_are_sent_as_strings() {
+        let signer = AppSigner::new("Iv1.abc123", &SecretString::from(PRIVATE_KEY)).unwrap();
+        let claims = decode(&signer.jwt(Utc::now()).unwrap());
+        assert_eq!(claims["iss"], serde_json::json!("Iv1.abc123"));
+    }
+
+    #[test]
+    fn a_bad_key_is_refused_without_quoting_it() {
+        let e = AppSigner::new(
+            "1",
+            &SecretString::from("-----BEGIN RSA PRIVATE KEY-----\nsecretline\n"),
+        )
+        .err()
+        .unwrap();
+        assert!(!e.contains("secretline"), "{e}");
+    }
+
+    #[test]
+    fn token_requests_name_one_repo_and_one_permission() {
+        let repo = RepoName::parse("Acme/API").unwrap();
+        assert_eq!(
+            Permission::ActionsRead.token_request(&repo),
+            serde_json::json!({"repositories": ["api"], "permissions": {"actions": "read"}})
+        );
+        assert_eq!(
+            Permission::AdministrationWrite.token_request(&repo),
+            serde_json::json!({"repositories": ["api"], "permissions": {"administration": "write"}})
+        );
+    }
+}

@@ -1,0 +1,145 @@
+//! Rate-limit budgets. GitHub's primary limit belongs to the installation (app mode) or to the
+//! token's user (vault mode), not to one token (BRIEF lesson 10): every repo of an
+//! installation spends the same budget, so when it runs out the loop skips all of them until
+//! it resets instead of spending requests on refusals.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Mutex;
+
+use chrono::{DateTime, Utc};
+
+use super::transport::RateHeaders;
+
+/// Who a request's primary rate limit is charged to.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum BudgetHolder {
+    /// Requests signed with the App's JWT (installation lookups, token minting).
+    App,
+    /// Requests with an installation token of this installation.
+    Installation(u64),
+    /// Requests with the polling token read from this Vault path. The budget really belongs
+    /// to the token's user, whom the daemon does not know; one path is one token.
+    PollingToken { vault_path: String },
+}
+
+impl fmt::Display for BudgetHolder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BudgetHolder::App => f.write_str("the GitHub App"),
+            BudgetHolder::Installation(id) => write!(f, "installation {id}"),
+            BudgetHolder::PollingToken { vault_path } => {
+                write!(f, "the polling token at {vault_path}")
+            }
+        }
+    }
+}
+
+/// The last word GitHub gave on one budget.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Budget {
+    pub limit: Option<u64>,
+    pub remaining: Option<u64>,
+    /// When the primary window resets (`x-ratelimit-reset`).
+    pub reset_at: Option<DateTime<Utc>>,
+    /// Set by a rate-limit refusal: no request on this budget before then.
+    pub paused_until: Option<DateTime<Utc>>,
+}
+
+impl Budget {
+    /// The moment before which a request on this budget would only be refused.
+    pub fn paused_until(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let exhausted_until = match (self.remaining, self.reset_at) {
+            (Some(0), Some(reset)) => Some(reset),
+            _ => None,
+        };
+        [self.paused_until, exhausted_until]
+            .into_iter()
+            .flatten()
+            .filter(|until| *until > now)
+            .max()
+    }
+}
+
+/// Budgets by holder, shared by every call of one client.
+#[derive(Debug, Default)]
+pub struct RateBudgets {
+    budgets: Mutex<BTreeMap<BudgetHolder, Budget>>,
+}
+
+impl RateBudgets {
+    pub fn record(&self, holder: &BudgetHolder, rate: RateHeaders) {
+        let mut budgets = self.budgets.lock().expect("budgets lock");
+        let budget = budgets.entry(holder.clone()).or_default();
+        budget.limit = rate.limit.or(budget.limit);
+        budget.remaining = rate.remaining.or(budget.remaining);
+        budget.reset_at = rate.reset_at.or(budget.reset_at);
+    }
+
+    pub fn pause(&self, holder: &BudgetHolder, until: DateTime<Utc>) {
+        let mut budgets = self.budgets.lock().expect("budgets lock");
+        let budget = budgets.entry(holder.clone()).or_default();
+        budget.paused_until = Some(budget.paused_until.map_or(until, |p| p.max(until)));
+    }
+
+    /// `Some(t)` while `holder`'s budget is exhausted or paused: skip its repos until `t`.
+    pub fn paused_until(&self, holder: &BudgetHolder, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let budgets = self.budgets.lock().expect("budgets lock");
+        budgets.get(holder)?.paused_until(now)
+    }
+
+    /// Every budget seen so far, for status output and metrics.
+    pub fn snapshot(&self) -> Vec<(BudgetHolder, Budget)> {
+        let budgets = self.budgets.lock().expect("budgets lock");
+        budgets
+            .iter()
+            .map(|(h, b)| (h.clone(), b.clone()))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(s, 0).unwrap()
+    }
+
+    #[test]
+    fn an_exhausted_budget_pauses_until_its_reset_only() {
+        let budgets = RateBudgets::default();
+        let holder = BudgetHolder::Installation(7);
+        budgets.record(
+            &holder,
+            RateHeaders {
+                limit: Some(5000),
+                remaining: Some(0),
+                reset_at: Some(at(200)),
+            },
+        );
+        assert_eq!(budgets.paused_until(&holder, at(100)), Some(at(200)));
+        assert_eq!(budgets.paused_until(&holder, at(200)), None);
+        assert_eq!(
+            budgets.paused_until(&BudgetHolder::Installation(8), at(100)),
+            None
+        );
+    }
+
+    #[test]
+    fn a_refusal_pauses_even_with_requests_left() {
+        let budgets = RateBudgets::default();
+        let holder = BudgetHolder::App;
+        budgets.record(
+            &holder,
+            RateHeaders {
+                limit: Some(5000),
+                remaining: Some(4000),
+                reset_at: Some(at(3600)),
+            },
+        );
+        budgets.pause(&holder, at(160));
+        assert_eq!(budgets.paused_until(&holder, at(100)), Some(at(160)));
+        assert_eq!(budgets.paused_until(&holder, at(161)), None);
+    }
+}

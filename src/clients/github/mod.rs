@@ -1,0 +1,947 @@
+//! GitHub: the queue of a repo's self-hosted jobs, and registration tokens, for repos in
+//! `app` and `vault` mode.
+//!
+//! Credentials are as narrow as GitHub allows. In `app` mode every call on a repo carries an
+//! installation token minted for **that one repo and the one permission** the call needs
+//! (`actions: read` to read the queue, `administration: write` to mint registration tokens),
+//! cached until five minutes before it expires. In `vault` mode the polling token is read
+//! from Vault and the daemon mints nothing: the runner job reads its own admin token.
+//!
+//! # Layout
+//!
+//! - [`app_auth`]: the App's JWT, installations per owner, the token cache.
+//! - `transport`: one request through octocrab; classification of failures.
+//! - [`budget`]: rate-limit budgets per installation / polling token.
+//! - `wire`: the JSON fields read.
+
+pub mod app_auth;
+pub mod budget;
+mod transport;
+mod wire;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use http::{HeaderMap, Method, StatusCode};
+use secrecy::{ExposeSecret, SecretString};
+use serde::de::DeserializeOwned;
+use tracing::{debug, instrument};
+use url::Url;
+
+use crate::act::{Registrar, RegistrationToken};
+use crate::clients::http::REQUEST_TIMEOUT_DEFAULT;
+use crate::config::{Mode, RepoConfig};
+use crate::model::{ErrorClass, RepoName, RunnerName};
+use crate::observe::{ForgeJob, JobState, PortError, QueueSource, RepoJobs};
+use crate::secrets::SecretSource;
+
+use app_auth::{AppSigner, InstallationToken, Installations, Permission, TokenCache};
+pub use budget::{Budget, BudgetHolder, RateBudgets};
+use transport::{Answer, RateHeaders, Target, Transport, classify, malformed};
+
+pub const GITHUB_API_URL_DEFAULT: &str = "https://api.github.com";
+
+/// GitHub's largest page.
+pub const PER_PAGE: usize = 100;
+/// Pages followed per listing at most. A status-filtered run listing is a search capped at
+/// 1000 results (10 pages); a run has at most 256 matrix jobs per job definition.
+pub const PAGES_MAX: usize = 20;
+/// GitHub returns at most this many results for a filtered run listing.
+pub const RUN_SEARCH_CAP: u64 = 1000;
+/// How long a polling token read from Vault is reused, so that a tick does not read Vault
+/// once per request; a rotation in Vault is picked up within this time (or at once on 401).
+pub const POLLING_TOKEN_TTL: chrono::Duration = chrono::Duration::minutes(5);
+/// The Vault field holding a polling token.
+pub const POLLING_TOKEN_FIELD: &str = "token";
+
+/// The clock the client reads: token lifetimes, JWT claims, rate-limit resets.
+pub type Clock = Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>;
+
+/// The GitHub App's credentials.
+#[derive(Clone, Debug)]
+pub struct AppCredentials {
+    /// The App id (numeric) or client id (`Iv1.…`); goes into the JWT's `iss`.
+    pub app_id: String,
+    /// The App's private key, PEM.
+    pub private_key: SecretString,
+    /// Used for an owner whose installation lookup answers 404.
+    pub installation_id: Option<u64>,
+}
+
+#[derive(Clone, Debug)]
+pub struct GitHubSettings {
+    /// `GITHUB_API_URL`: `https://api.github.com`, `https://<host>/api/v3` (GHES) or
+    /// `https://api.<tenant>.ghe.com` (GHE.com).
+    pub api_url: Url,
+    /// `None` when no App is configured: only `vault` repos can then be served.
+    pub app: Option<AppCredentials>,
+    pub request_timeout: Duration,
+}
+
+impl GitHubSettings {
+    /// Reads `GITHUB_API_URL`, `GITHUB_APP_ID`, `GITHUB_APP_PRIVATE_KEY_FILE` and
+    /// `GITHUB_APP_INSTALLATION_ID` through `var` (the process environment in production).
+    pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<GitHubSettings, String> {
+        let var = |name: &str| var(name).filter(|v| !v.trim().is_empty());
+        let raw_url = var("GITHUB_API_URL").unwrap_or_else(|| GITHUB_API_URL_DEFAULT.to_string());
+        let api_url = Url::parse(raw_url.trim())
+            .map_err(|e| format!("GITHUB_API_URL {raw_url:?} is not a URL: {e}"))?;
+        if !matches!(api_url.scheme(), "https" | "http") {
+            return Err(format!("GITHUB_API_URL {raw_url:?} is not an http(s) URL"));
+        }
+        let installation_id = match var("GITHUB_APP_INSTALLATION_ID") {
+            Some(raw) => Some(
+                raw.trim()
+                    .parse::<u64>()
+                    .map_err(|_| format!("GITHUB_APP_INSTALLATION_ID {raw:?} is not a number"))?,
+            ),
+            None => None,
+        };
+        let app = match (var("GITHUB_APP_ID"), var("GITHUB_APP_PRIVATE_KEY_FILE")) {
+            (Some(app_id), Some(key_file)) => {
+                let pem = std::fs::read_to_string(key_file.trim()).map_err(|e| {
+                    format!("read GITHUB_APP_PRIVATE_KEY_FILE {}: {e}", key_file.trim())
+                })?;
+                Some(AppCredentials {
+                    app_id: app_id.trim().to_string(),
+                    private_key: SecretString::from(pem),
+                    installation_id,
+                })
+            }
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err("GITHUB_APP_ID is set but GITHUB_APP_PRIVATE_KEY_FILE is not".into());
+            }
+            (None, Some(_)) => {
+                return Err("GITHUB_APP_PRIVATE_KEY_FILE is set but GITHUB_APP_ID is not".into());
+            }
+        };
+        Ok(GitHubSettings {
+            api_url,
+            app,
+            request_timeout: REQUEST_TIMEOUT_DEFAULT,
+        })
+    }
+}
+
+/// The web URL runners register against, from the API URL: `api.github.com` →
+/// `https://github.com`; GHE.com `api.<tenant>.ghe.com` → `https://<tenant>.ghe.com`; GHES
+/// `https://<host>/api/v3` → `https://<host>`.
+pub fn web_url_of(api_url: &Url) -> String {
+    let host = api_url.host_str().unwrap_or_default();
+    if host.eq_ignore_ascii_case("api.github.com") {
+        return "https://github.com".to_string();
+    }
+    let mut web = api_url.clone();
+    web.set_query(None);
+    web.set_fragment(None);
+    if let Some(tenant) = host
+        .strip_prefix("api.")
+        .filter(|h| h.ends_with(".ghe.com"))
+    {
+        let tenant = tenant.to_string();
+        let _ = web.set_host(Some(&tenant));
+    }
+    let path = web.path().trim_end_matches('/').to_string();
+    let path = path.strip_suffix("/api/v3").unwrap_or(&path).to_string();
+    web.set_path(&path);
+    web.to_string().trim_end_matches('/').to_string()
+}
+
+struct App {
+    signer: AppSigner,
+    fallback_installation: Option<u64>,
+    installations: Installations,
+    tokens: TokenCache,
+}
+
+/// A token for one call and the budget it spends.
+struct Credential {
+    token: SecretString,
+    holder: BudgetHolder,
+}
+
+/// A listing body kept for conditional requests: a `304 Not Modified` answer costs nothing
+/// against the primary rate limit, and the body is reused.
+#[derive(Clone)]
+struct Conditional {
+    etag: String,
+    body: String,
+}
+
+/// The GitHub client: a [`QueueSource`] and a [`Registrar`] for `app` and `vault` repos.
+pub struct GitHub {
+    transport: Transport,
+    web_url: String,
+    app: Option<App>,
+    secrets: Arc<dyn SecretSource>,
+    polling_tokens: Mutex<HashMap<String, (SecretString, DateTime<Utc>)>>,
+    budgets: RateBudgets,
+    conditional: Mutex<HashMap<RepoName, HashMap<String, Conditional>>>,
+    clock: Clock,
+}
+
+/// One page of a listing.
+trait Page: DeserializeOwned {
+    type Item;
+    fn total_count(&self) -> u64;
+    fn into_items(self) -> Vec<Self::Item>;
+}
+
+impl Page for wire::RunsPage {
+    type Item = wire::Run;
+    fn total_count(&self) -> u64 {
+        self.total_count
+    }
+    fn into_items(self) -> Vec<wire::Run> {
+        self.workflow_runs
+    }
+}
+
+impl Page for wire::JobsPage {
+    type Item = wire::Job;
+    fn total_count(&self) -> u64 {
+        self.total_count
+    }
+    fn into_items(self) -> Vec<wire::Job> {
+        self.jobs
+    }
+}
+
+struct Listing<T> {
+    items: Vec<T>,
+    /// The largest `total_count` any page reported.
+    total_count: u64,
+    /// Stopped at [`PAGES_MAX`] with pages left.
+    capped: bool,
+}
+
+impl GitHub {
+    /// `secrets` serves the polling tokens of `vault` repos.
+    pub fn new(settings: GitHubSettings, secrets: Arc<dyn SecretSource>) -> Result<GitHub, String> {
+        let transport = Transport::new(&settings.api_url, settings.request_timeout)?;
+        let app = match &settings.app {
+            Some(creds) => Some(App {
+                signer: AppSigner::new(&creds.app_id, &creds.private_key)?,
+                fallback_installation: creds.installation_id,
+                installations: Installations::default(),
+                tokens: TokenCache::default(),
+            }),
+            None => None,
+        };
+        Ok(GitHub {
+            web_url: web_url_of(&settings.api_url),
+            transport,
+            app,
+            secrets,
+            polling_tokens: Mutex::default(),
+            budgets: RateBudgets::default(),
+            conditional: Mutex::default(),
+            clock: Arc::new(Utc::now),
+        })
+    }
+
+    /// Replaces the wall clock (tests and the simulated world).
+    pub fn with_clock(mut self, clock: Clock) -> GitHub {
+        self.clock = clock;
+        self
+    }
+
+    fn now(&self) -> DateTime<Utc> {
+        (self.clock)()
+    }
+
+    /// `Some(t)` while the rate-limit budget `repo` spends from is exhausted or paused: the loop
+    /// skips the repo until `t` instead of spending requests on refusals. `list_jobs` and
+    /// `mint` also refuse on their own, without a request.
+    pub fn paused_until(&self, repo: &RepoConfig) -> Option<DateTime<Utc>> {
+        let holder = match &repo.mode {
+            Mode::App => BudgetHolder::Installation(
+                self.app
+                    .as_ref()?
+                    .installations
+                    .last_known(repo.repo.owner())?,
+            ),
+            Mode::Vault { vault_path, .. } => BudgetHolder::PollingToken {
+                vault_path: vault_path.clone(),
+            },
+            Mode::Forgejo { .. } => return None,
+        };
+        self.budgets.paused_until(&holder, self.now())
+    }
+
+    /// Every rate-limit budget seen so far.
+    pub fn budgets(&self) -> Vec<(BudgetHolder, Budget)> {
+        self.budgets.snapshot()
+    }
+
+    fn app(&self, repo: &RepoName) -> Result<&App, PortError> {
+        self.app.as_ref().ok_or_else(|| {
+            PortError::new(
+                ErrorClass::Configuration,
+                format!(
+                    "{repo} is in app mode but no GitHub App is configured \
+                     (GITHUB_APP_ID, GITHUB_APP_PRIVATE_KEY_FILE)"
+                ),
+            )
+        })
+    }
+
+    fn record(&self, holder: &BudgetHolder, answer: &Answer) {
+        if let Some(rate) = RateHeaders::read(&answer.headers) {
+            self.budgets.record(holder, rate);
+        }
+    }
+
+    /// The classified error for a failed answer; a rate limit also pauses the budget.
+    fn refusal(&self, holder: &BudgetHolder, answer: &Answer, doing: &str) -> PortError {
+        let now = self.now();
+        let error = classify(answer.status, &answer.headers, &answer.body, now).context(doing);
+        if let (ErrorClass::RateLimited, Some(wait_s)) = (error.class, error.retry_after_s) {
+            let wait = chrono::Duration::seconds(i64::try_from(wait_s).unwrap_or(i64::MAX / 2));
+            self.budgets.pause(holder, now + wait);
+        }
+        error
+    }
+
+    fn refuse_while_paused(&self, holder: &BudgetHolder, doing: &str) -> Result<(), PortError> {
+        let now = self.now();
+        match self.budgets.paused_until(holder, now) {
+            Some(until) => {
+                let wait_s = u64::try_from((until - now).num_seconds())
+                    .unwrap_or(0)
+                    .max(1);
+                Err(PortError::new(
+                    ErrorClass::RateLimited,
+                    format!(
+                        "{doing}: the rate-limit budget of {holder} is spent until {}",
+                        until.to_rfc3339()
+                    ),
+                )
+                .with_retry_after(Some(wait_s)))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// A call authenticated as the App itself (JWT).
+    async fn app_call(
+        &self,
+        app: &App,
+        method: Method,
+        path: String,
+        body: Option<&serde_json::Value>,
+        doing: &str,
+    ) -> Result<Answer, PortError> {
+        let holder = BudgetHolder::App;
+        self.refuse_while_paused(&holder, doing)?;
+        let jwt = app.signer.jwt(self.now())?;
+        let answer = self
+            .transport
+            .send(method, &Target::Path(path), &jwt, body, None, doing)
+            .await?;
+        self.record(&holder, &answer);
+        if answer.is_success() {
+            return Ok(answer);
+        }
+        let mut error = self.refusal(&holder, &answer, doing);
+        if error.class == ErrorClass::Unauthorized {
+            error.message.push_str(&format!(
+                " (GitHub refused the JWT of App {}: check GITHUB_APP_ID, the private key and \
+                 this host's clock)",
+                app.signer.app_id()
+            ));
+        }
+        Err(error)
+    }
+
+    async fn installation_of(&self, app: &App, repo: &RepoName) -> Result<u64, PortError> {
+        let now = self.now();
+        if let Some(id) = app.installations.get(repo.owner(), now) {
+            return Ok(id);
+        }
+        let doing = format!("look up the GitHub App installation for {repo}");
+        let path = format!("/repos/{}/{}/installation", repo.owner(), repo.name());
+        let id = match self.app_call(app, Method::GET, path, None, &doing).await {
+            Ok(answer) => {
+                serde_json::from_str::<wire::Installation>(&answer.body)
+                    .map_err(|e| malformed(&doing, &e))?
+                    .id
+            }
+            Err(e) if e.class == ErrorClass::NotFound => match app.fallback_installation {
+                Some(id) => id,
+                None => {
+                    return Err(e.context(format!(
+                        "the App is not installed for {} and GITHUB_APP_INSTALLATION_ID is not set",
+                        repo.owner()
+                    )));
+                }
+            },
+            Err(e) => return Err(e),
+        };
+        app.installations.put(repo.owner(), id, now);
+        Ok(id)
+    }
+
+    async fn mint_installation_token(
+        &self,
+        app: &App,
+        installation: u64,
+        repo: &RepoName,
+        permission: Permission,
+    ) -> Result<InstallationToken, PortError> {
+        let doing = format!(
+            "mint an installation token ({permission}) for {repo} (installation {installation})"
+        );
+        let path = format!("/app/installations/{installation}/access_tokens");
+        let body = permission.token_request(repo);
+        let answer = match self
+            .app_call(app, Method::POST, path, Some(&body), &doing)
+            .await
+        {
+            Ok(answer) => answer,
+            Err(e) => {
+                if matches!(e.class, ErrorClass::NotFound | ErrorClass::Configuration) {
+                    // Gone, or it no longer covers the repo: look the installation up again.
+                    app.installations.forget(repo.owner());
+                }
+                return Err(e);
+            }
+        };
+        let token: wire::Token =
+            serde_json::from_str(&answer.body).map_err(|e| malformed(&doing, &e))?;
+        let expires_at = DateTime::parse_from_rfc3339(&token.expires_at)
+            .map_err(|_| {
+                PortError::new(
+                    ErrorClass::Malformed,
+                    format!(
+                        "{doing}: expires_at {:?} is not a timestamp",
+                        token.expires_at
+                    ),
+                )
+            })?
+            .with_timezone(&Utc);
+        debug!(%repo, %permission, installation, %expires_at, "minted installation token");
+        Ok(InstallationToken {
+            token: token.token,
+            installation,
+            expires_at,
+        })
+    }
+
+    async fn app_token(
+        &self,
+        repo: &RepoName,
+        permission: Permission,
+    ) -> Result<Credential, PortError> {
+        let app = self.app(repo)?;
+        let slot = app.tokens.slot(repo, permission);
+        let mut held = slot.lock().await;
+        let token = match held.as_ref().filter(|t| t.is_fresh(self.now())) {
+            Some(token) => token.clone(),
+            None => {
+                let installation = self.installation_of(app, repo).await?;
+                let token = self
+                    .mint_installation_token(app, installation, repo, permission)
+                    .await?;
+                *held = Some(token.clone());
+                token
+            }
+        };
+        Ok(Credential {
+            token: token.token,
+            holder: BudgetHolder::Installation(token.installation),
+        })
+    }
+
+    async fn polling_token(&self, vault_path: &str) -> Result<Credential, PortError> {
+        let holder = BudgetHolder::PollingToken {
+            vault_path: vault_path.to_string(),
+        };
+        let now = self.now();
+        {
+            let cached = self.polling_tokens.lock().expect("polling token lock");
+            if let Some((token, read_at)) = cached.get(vault_path)
+                && now - *read_at < POLLING_TOKEN_TTL
+            {
+                return Ok(Credential {
+                    token: token.clone(),
+                    holder,
+                });
+            }
+        }
+        let token = self
+            .secrets
+            .read_field(vault_path, POLLING_TOKEN_FIELD)
+            .await
+            .map_err(|e| e.context(format!("read the GitHub polling token at {vault_path}")))?;
+        debug!(vault_path, "read GitHub polling token");
+        self.polling_tokens
+            .lock()
+            .expect("polling token lock")
+            .insert(vault_path.to_string(), (token.clone(), now));
+        Ok(Credential { token, holder })
+    }
+
+    async fn credential(
+        &self,
+        repo: &RepoConfig,
+        permission: Permission,
+    ) -> Result<Credential, PortError> {
+        match &repo.mode {
+            Mode::App => self.app_token(&repo.repo, permission).await,
+            Mode::Vault { vault_path, .. } => self.polling_token(vault_path).await,
+            Mode::Forgejo { .. } => Err(not_github(repo)),
+        }
+    }
+
+    /// Drops a credential GitHub refused with 401, unless another call already replaced it.
+    async fn forget(&self, repo: &RepoConfig, permission: Permission, refused: &Credential) {
+        let same = |token: &SecretString| token.expose_secret() == refused.token.expose_secret();
+        match &repo.mode {
+            Mode::App => {
+                if let Some(app) = &self.app {
+                    let slot = app.tokens.slot(&repo.repo, permission);
+                    let mut held = slot.lock().await;
+                    if held.as_ref().is_some_and(|t| same(&t.token)) {
+                        *held = None;
+                    }
+                }
+            }
+            Mode::Vault { vault_path, .. } => {
+                let mut cached = self.polling_tokens.lock().expect("polling token lock");
+                if cached.get(vault_path).is_some_and(|(t, _)| same(t)) {
+                    cached.remove(vault_path);
+                }
+            }
+            Mode::Forgejo { .. } => {}
+        }
+    }
+
+    /// One call on a repo with a credential for `permission`. A 401 drops the credential and
+    /// the call is made once more with a fresh one (a token can be revoked or expire early).
+    #[allow(clippy::too_many_arguments)]
+    async fn repo_call(
+        &self,
+        repo: &RepoConfig,
+        permission: Permission,
+        method: Method,
+        target: &Target,
+        if_none_match: Option<&str>,
+        doing: &str,
+    ) -> Result<Answer, PortError> {
+        let mut retried = false;
+        loop {
+            let credential = self.credential(repo, permission).await?;
+            self.refuse_while_paused(&credential.holder, doing)?;
+            let answer = self
+                .transport
+                .send(
+                    method.clone(),
+                    target,
+                    &credential.token,
+                    None,
+                    if_none_match,
+                    doing,
+                )
+                .await?;
+            self.record(&credential.holder, &answer);
+            if answer.status == StatusCode::UNAUTHORIZED && !retried {
+                debug!(repo = %repo.repo, "GitHub answered 401; dropping the cached credential");
+                self.forget(repo, permission, &credential).await;
+                retried = true;
+                continue;
+            }
+            if answer.is_success() || answer.status == StatusCode::NOT_MODIFIED {
+                return Ok(answer);
+            }
+            return Err(self.refusal(&credential.holder, &answer, doing));
+        }
+    }
+
+    /// GETs one listing page, conditionally when its body is cached.
+    async fn get_page(
+        &self,
+        repo: &RepoConfig,
+        target: &Target,
+        doing: &str,
+        seen: &mut HashMap<String, Conditional>,
+    ) -> Result<(HeaderMap, String), PortError> {
+        let key = target.as_key();
+        let cached = {
+            let conditional = self.conditional.lock().expect("conditional cache lock");
+            conditional
+                .get(&repo.repo)
+                .and_then(|pages| pages.get(&key))
+                .cloned()
+        };
+        let answer = self
+            .repo_call(
+                repo,
+                Permission::ActionsRead,
+                Method::GET,
+                target,
+                cached.as_ref().map(|c| c.etag.as_str()),
+                doing,
+            )
+            .await?;
+        let body = if answer.status == StatusCode::NOT_MODIFIED {
+            match cached {
+                Some(cached) => {
+                    let body = cached.body.clone();
+                    seen.insert(key, cached);
+                    body
+                }
+                None => {
+                    return Err(PortError::new(
+                        ErrorClass::Malformed,
+                        format!("{doing}: 304 Not Modified to an unconditional request"),
+                    ));
+                }
+            }
+        } else {
+            if let Some(etag) = answer
+                .headers
+                .get(http::header::ETAG)
+                .and_then(|v| v.to_str().ok())
+            {
+                seen.insert(
+                    key,
+                    Conditional {
+                        etag: etag.to_string(),
+                        body: answer.body.clone(),
+                    },
+                );
+            }
+            answer.body
+        };
+        Ok((answer.headers, body))
+    }
+
+    /// Follows every page of a listing that starts at `first` (a path with `per_page=100`).
+    async fn walk<P: Page>(
+        &self,
+        repo: &RepoConfig,
+        first: &str,
+        doing: &str,
+        seen: &mut HashMap<String, Conditional>,
+    ) -> Result<Listing<P::Item>, PortError> {
+        let mut listing = Listing {
+            items: Vec::new(),
+            total_count: 0,
+            capped: false,
+        };
+        let mut target = Target::Path(first.to_string());
+        for page_number in 1..=PAGES_MAX {
+            let (headers, body) = self.get_page(repo, &target, doing, seen).await?;
+            let page: P = serde_json::from_str(&body).map_err(|e| malformed(doing, &e))?;
+            listing.total_count = listing.total_count.max(page.total_count());
+            let page_total = page.total_count();
+            let items = page.into_items();
+            let full = items.len() >= PER_PAGE;
+            listing.items.extend(items);
+            let link = headers
+                .get(http::header::LINK)
+                .map(|v| v.to_str().unwrap_or_default());
+            target = match link {
+                Some(link) => match next_link(link) {
+                    Some(next) => Target::Absolute(self.same_origin(&next, doing)?),
+                    None => return Ok(listing),
+                },
+                // No `Link` header: GitHub omits it when everything fit on one page. A full
+                // page short of `total_count` still means there is more.
+                None if full && (listing.items.len() as u64) < page_total => {
+                    Target::Path(format!("{first}&page={}", page_number + 1))
+                }
+                None => return Ok(listing),
+            };
+        }
+        listing.capped = true;
+        Ok(listing)
+    }
+
+    /// A `Link` URL is followed only on the API's own origin and path: the request carries a
+    /// token, and a body or proxy must not be able to send it elsewhere.
+    fn same_origin(&self, next: &str, doing: &str) -> Result<Url, PortError> {
+        let api = self.transport.api_url();
+        let refuse = || {
+            PortError::new(
+                ErrorClass::Malformed,
+                format!("{doing}: the next-page link leaves the API at {api}"),
+            )
+        };
+        let url = Url::parse(next).map_err(|_| refuse())?;
+        let base_path = api.path().trim_end_matches('/');
+        if url.scheme() != api.scheme()
+            || url.host_str() != api.host_str()
+            || url.port_or_known_default() != api.port_or_known_default()
+            || !url.path().starts_with(base_path)
+            || url.username() != ""
+        {
+            return Err(refuse());
+        }
+        Ok(url)
+    }
+}
+
+/// The `rel="next"` URL of a `Link` header.
+fn next_link(link: &str) -> Option<String> {
+    link.split(',').find_map(|part| {
+        let (url, params) = part.trim().split_once(';')?;
+        let is_next = params
+            .split(';')
+            .any(|p| p.trim().replace(' ', "") == "rel=\"next\"");
+        let url = url.trim().strip_prefix('<')?.strip_suffix('>')?;
+        is_next.then(|| url.to_string())
+    })
+}
+
+fn not_github(repo: &RepoConfig) -> PortError {
+    PortError::new(
+        ErrorClass::Configuration,
+        format!(
+            "{} is a {} repo, not a GitHub one",
+            repo.repo,
+            repo.mode.as_str()
+        ),
+    )
+}
+
+fn parse_time(raw: Option<&str>) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(raw?)
+        .ok()
+        .map(|t| t.with_timezone(&Utc))
+}
+
+/// A GitHub job as demand: self-hosted jobs that are queued or in progress, nothing else.
+fn forge_job(job: wire::Job) -> Option<ForgeJob> {
+    if !job
+        .labels
+        .iter()
+        .any(|l| l.trim().eq_ignore_ascii_case("self-hosted"))
+    {
+        return None;
+    }
+    let state = match job.status.as_str() {
+        "queued" => JobState::Queued,
+        "in_progress" => JobState::InProgress {
+            runner: job
+                .runner_name
+                .filter(|name| !name.is_empty())
+                .map(RunnerName),
+        },
+        _ => return None,
+    };
+    let queued_at =
+        parse_time(job.created_at.as_deref()).or_else(|| parse_time(job.started_at.as_deref()));
+    Some(ForgeJob {
+        id: job.id,
+        labels: job.labels,
+        state,
+        queued_at,
+    })
+}
+
+#[async_trait]
+impl QueueSource for GitHub {
+    /// BRIEF step 2: GitHub has no "list queued jobs" call, so walk the `queued` and the
+    /// `in_progress` runs (a run is in progress while one of its jobs still waits), list each
+    /// run's latest jobs, keep the self-hosted ones, de-duplicate by job id.
+    #[instrument(level = "debug", skip_all, fields(repo = %repo.repo))]
+    async fn list_jobs(&self, repo: &RepoConfig) -> Result<RepoJobs, PortError> {
+        if !repo.mode.is_github() {
+            return Err(not_github(repo));
+        }
+        let (owner, name) = (repo.repo.owner(), repo.repo.name());
+        let mut seen = HashMap::new();
+        let mut truncated = false;
+        let mut runs = Vec::new();
+        let mut run_ids = HashSet::new();
+        for status in ["queued", "in_progress"] {
+            let doing = format!("list {status} runs of {}", repo.repo);
+            let first =
+                format!("/repos/{owner}/{name}/actions/runs?status={status}&per_page={PER_PAGE}");
+            let listing = self
+                .walk::<wire::RunsPage>(repo, &first, &doing, &mut seen)
+                .await?;
+            truncated |= listing.capped || listing.total_count >= RUN_SEARCH_CAP;
+            for run in listing.items {
+                if run_ids.insert(run.id) {
+                    runs.push(run.id);
+                }
+            }
+        }
+        let mut jobs = Vec::new();
+        let mut job_ids = HashSet::new();
+        for run in runs {
+            let doing = format!("list jobs for run {run} in {}", repo.repo);
+            let first = format!(
+                "/repos/{owner}/{name}/actions/runs/{run}/jobs?filter=latest&per_page={PER_PAGE}"
+            );
+            let listing = match self
+                .walk::<wire::JobsPage>(repo, &first, &doing, &mut seen)
+                .await
+            {
+                Ok(listing) => listing,
+                // The run was deleted between the two listings: it has no jobs left to run.
+                Err(e) if e.class == ErrorClass::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            truncated |= listing.capped;
+            for job in listing.items {
+                if job_ids.insert(job.id)
+                    && let Some(job) = forge_job(job)
+                {
+                    jobs.push(job);
+                }
+            }
+        }
+        // Keep only the bodies of pages this walk touched, so the cache follows the set of
+        // active runs instead of growing with every run ever seen.
+        self.conditional
+            .lock()
+            .expect("conditional cache lock")
+            .insert(repo.repo.clone(), seen);
+        Ok(RepoJobs { jobs, truncated })
+    }
+}
+
+#[async_trait]
+impl Registrar for GitHub {
+    #[instrument(level = "debug", skip_all, fields(repo = %repo.repo))]
+    async fn mint(&self, repo: &RepoConfig) -> Result<Option<RegistrationToken>, PortError> {
+        match &repo.mode {
+            // The runner job reads its admin token from Vault itself; the daemon cannot.
+            Mode::Vault { .. } => Ok(None),
+            Mode::Forgejo { .. } => Err(not_github(repo)),
+            Mode::App => {
+                let doing = format!("mint a registration token for {}", repo.repo);
+                let path = format!(
+                    "/repos/{}/{}/actions/runners/registration-token",
+                    repo.repo.owner(),
+                    repo.repo.name()
+                );
+                let answer = self
+                    .repo_call(
+                        repo,
+                        Permission::AdministrationWrite,
+                        Method::POST,
+                        &Target::Path(path),
+                        None,
+                        &doing,
+                    )
+                    .await?;
+                let token: wire::Token =
+                    serde_json::from_str(&answer.body).map_err(|e| malformed(&doing, &e))?;
+                Ok(Some(RegistrationToken(token.token)))
+            }
+        }
+    }
+
+    fn repo_url(&self, repo: &RepoConfig) -> String {
+        format!("{}/{}", self.web_url, repo.repo)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn web_urls_of_github_ghes_and_ghe_com() {
+        let web = |api: &str| web_url_of(&Url::parse(api).unwrap());
+        assert_eq!(web("https://api.github.com"), "https://github.com");
+        assert_eq!(web("https://api.github.com/"), "https://github.com");
+        assert_eq!(
+            web("https://ghe.example.com/api/v3"),
+            "https://ghe.example.com"
+        );
+        assert_eq!(
+            web("https://ghe.example.com/api/v3/"),
+            "https://ghe.example.com"
+        );
+        assert_eq!(
+            web("https://api.octocorp.ghe.com"),
+            "https://octocorp.ghe.com"
+        );
+        assert_eq!(web("http://127.0.0.1:8080"), "http://127.0.0.1:8080");
+    }
+
+    #[test]
+    fn next_links_are_read_from_any_position() {
+        let link = r#"<https://api.github.com/repositories/1/actions/runs?page=1&per_page=100>; rel="prev", <https://api.github.com/repositories/1/actions/runs?page=3&per_page=100>; rel="next", <https://api.github.com/repositories/1/actions/runs?page=5&per_page=100>; rel="last""#;
+        assert_eq!(
+            next_link(link).as_deref(),
+            Some("https://api.github.com/repositories/1/actions/runs?page=3&per_page=100")
+        );
+        assert_eq!(next_link(r#"<https://x/a?page=1>; rel="first""#), None);
+    }
+
+    fn job(status: &str, labels: &[&str]) -> wire::Job {
+        wire::Job {
+            id: 1,
+            status: status.to_string(),
+            labels: labels.iter().map(|l| l.to_string()).collect(),
+            runner_name: Some("ci-runner-3f9c2a1b7d04".into()),
+            created_at: Some("2020-01-22T11:33:08-08:00".into()),
+            started_at: None,
+        }
+    }
+
+    #[test]
+    fn only_self_hosted_queued_or_running_jobs_are_demand() {
+        assert!(forge_job(job("queued", &["ubuntu-latest"])).is_none());
+        assert!(forge_job(job("completed", &["self-hosted"])).is_none());
+        assert!(forge_job(job("waiting", &["self-hosted"])).is_none());
+        let queued = forge_job(job("queued", &["Self-Hosted", "linux"])).unwrap();
+        assert_eq!(queued.state, JobState::Queued);
+        assert_eq!(
+            queued.queued_at,
+            DateTime::parse_from_rfc3339("2020-01-22T19:33:08Z")
+                .ok()
+                .map(|t| t.with_timezone(&Utc))
+        );
+        let running = forge_job(job("in_progress", &["self-hosted"])).unwrap();
+        assert_eq!(
+            running.state,
+            JobState::InProgress {
+                runner: Some(RunnerName("ci-runner-3f9c2a1b7d04".into()))
+            }
+        );
+    }
+
+    #[test]
+    fn settings_come_from_the_environment() {
+        let dir = std::env::temp_dir().join(format!("rs-gh-settings-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = dir.join("key.pem");
+        std::fs::write(&key, "PEM").unwrap();
+        let env: HashMap<&str, String> = [
+            (
+                "GITHUB_API_URL",
+                "https://ghe.example.com/api/v3".to_string(),
+            ),
+            ("GITHUB_APP_ID", "Iv1.abc".to_string()),
+            ("GITHUB_APP_PRIVATE_KEY_FILE", key.display().to_string()),
+            ("GITHUB_APP_INSTALLATION_ID", "42".to_string()),
+        ]
+        .into();
+        let settings = GitHubSettings::from_env(|k| env.get(k).cloned()).unwrap();
+        assert_eq!(settings.api_url.as_str(), "https://ghe.example.com/api/v3");
+        let app = settings.app.unwrap();
+        assert_eq!(
+            (app.app_id.as_str(), app.installation_id),
+            ("Iv1.abc", Some(42))
+        );
+        assert_eq!(app.private_key.expose_secret(), "PEM");
+
+        let defaults = GitHubSettings::from_env(|_| None).unwrap();
+        assert_eq!(defaults.api_url.as_str(), "https://api.github.com/");
+        assert!(defaults.app.is_none());
+        assert!(GitHubSettings::from_env(|k| (k == "GITHUB_APP_ID").then(|| "1".into())).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,423 @@
+//! One GitHub request through octocrab, and what its failure means.
+//!
+//! octocrab is used as a transport only: its own retry layer is not compiled in (the
+//! `retry` feature is off) because the loop classifies and retries itself, and its auth
+//! state is `None` because every call here carries a token chosen for that one call. Its
+//! tracing layer records the method, the URI and the status, never a header; the
+//! `Authorization` value is also marked sensitive so that anything that prints headers shows
+//! `Sensitive`.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use http::header::{ACCEPT, AUTHORIZATION, HeaderMap, HeaderValue, IF_NONE_MATCH};
+use http::{Method, StatusCode};
+use octocrab::Octocrab;
+use secrecy::{ExposeSecret, SecretString};
+use url::Url;
+
+use crate::clients::http::install_crypto_provider;
+use crate::model::ErrorClass;
+use crate::observe::PortError;
+
+/// The media type GitHub documents for its REST API.
+pub const MEDIA_TYPE: &str = "application/vnd.github+json";
+
+/// Longest GitHub error message kept in one of our errors; the rest is noise in a log line.
+const GITHUB_MESSAGE_LEN_MAX: usize = 200;
+
+/// GitHub asks for at least a minute of waiting after a secondary rate limit without
+/// `retry-after` (docs "Rate limits for the REST API").
+pub const SECONDARY_LIMIT_WAIT_S: u64 = 60;
+
+/// What GitHub answered.
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: String,
+}
+
+impl Answer {
+    pub fn is_success(&self) -> bool {
+        self.status.is_success()
+    }
+}
+
+/// Where a request goes: a path below the API URL, or a `Link` URL GitHub gave us (already
+/// checked to be on the API's own origin).
+pub enum Target {
+    Path(String),
+    Absolute(Url),
+}
+
+impl Target {
+    /// The cache key and log form of the target; carries no secret.
+    pub fn as_key(&self) -> String {
+        match self {
+            Target::Path(path) => path.clone(),
+            Target::Absolute(url) => url.to_string(),
+        }
+    }
+}
+
+pub struct Transport {
+    octocrab: Octocrab,
+    api_url: Url,
+    timeout: Duration,
+}
+
+impl Transport {
+    pub fn new(api_url: &Url, timeout: Duration) -> Result<Transport, String> {
+        install_crypto_provider();
+        let octocrab = Octocrab::builder()
+            .base_uri(api_url.as_str())
+            .map_err(|e| format!("GitHub API URL {api_url}: {e}"))?
+            .set_connect_timeout(Some(timeout.min(Duration::from_secs(5))))
+            .set_read_timeout(Some(timeout))
+            .set_write_timeout(Some(timeout))
+            .build()
+            .map_err(|e| format!("build GitHub client for {api_url}: {e}"))?;
+        Ok(Transport {
+            octocrab,
+            api_url: api_url.clone(),
+            timeout,
+        })
+    }
+
+    pub fn api_url(&self) -> &Url {
+        &self.api_url
+    }
+
+    /// Sends one request with `bearer` as its credential. Fails only when no HTTP answer came
+    /// back (transient); every status is returned for the caller to classify.
+    pub async fn send(
+        &self,
+        method: Method,
+        target: &Target,
+        bearer: &SecretString,
+        body: Option<&serde_json::Value>,
+        if_none_match: Option<&str>,
+        doing: &str,
+    ) -> Result<Answer, PortError> {
+        let uri = match target {
+            Target::Path(path) => path.clone(),
+            Target::Absolute(url) => url.to_string(),
+        };
+        let mut authorization =
+            HeaderValue::from_str(&format!("Bearer {}", bearer.expose_secret())).map_err(|_| {
+                PortError::new(
+                    ErrorClass::Configuration,
+                    format!("{doing}: the credential is not a valid HTTP header value"),
+                )
+            })?;
+        authorization.set_sensitive(true);
+        let mut request = http::Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(AUTHORIZATION, authorization)
+            .header(ACCEPT, MEDIA_TYPE);
+        if let Some(etag) = if_none_match.and_then(|e| HeaderValue::from_str(e).ok()) {
+            request = request.header(IF_NONE_MATCH, etag);
+        }
+        let request = self.octocrab.build_request(request, body).map_err(|e| {
+            PortError::new(
+                ErrorClass::Configuration,
+                format!("{doing}: build request: {e}"),
+            )
+        })?;
+        let exchange = async {
+            let response = self.octocrab.execute(request).await?;
+            let (parts, body) = response.into_parts();
+            let body = self
+                .octocrab
+                .body_to_string(http::Response::new(body))
+                .await?;
+            Ok::<_, octocrab::Error>(Answer {
+                status: parts.status,
+                headers: parts.headers,
+                body,
+            })
+        };
+        match tokio::time::timeout(self.timeout, exchange).await {
+            Ok(Ok(answer)) => Ok(answer),
+            // octocrab's errors name the failing layer and the I/O cause; they carry neither
+            // the request headers nor a body.
+            Ok(Err(e)) => Err(PortError::new(
+                ErrorClass::Transient,
+                format!("{doing}: request failed: {}", describe_transport_error(&e)),
+            )),
+            Err(_) => Err(PortError::new(
+                ErrorClass::Transient,
+                format!("{doing}: timed out after {}s", self.timeout.as_secs()),
+            )),
+        }
+    }
+}
+
+fn describe_transport_error(e: &octocrab::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// The `x-ratelimit-*` headers of one answer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RateHeaders {
+    pub limit: Option<u64>,
+    pub remaining: Option<u64>,
+    pub reset_at: Option<DateTime<Utc>>,
+}
+
+fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+}
+
+fn header_u64(headers: &HeaderMap, name: &str) -> Option<u64> {
+    header_str(headers, name).and_then(|v| v.parse().ok())
+}
+
+impl RateHeaders {
+    /// Reads the primary-limit headers; `None` for an answer about another resource (search,
+    /// graphql) whose budget is not the one the loop spends.
+    pub fn read(headers: &HeaderMap) -> Option<RateHeaders> {
+        if let Some(resource) = header_str(headers, "x-ratelimit-resource")
+            && resource != "core"
+        {
+            return None;
+        }
+        let rate = RateHeaders {
+            limit: header_u64(headers, "x-ratelimit-limit"),
+            remaining: header_u64(headers, "x-ratelimit-remaining"),
+            reset_at: header_u64(headers, "x-ratelimit-reset")
+                .and_then(|s| DateTime::from_timestamp(i64::try_from(s).ok()?, 0)),
+        };
+        (rate != RateHeaders::default()).then_some(rate)
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct GitHubErrorBody {
+    message: Option<String>,
+}
+
+fn github_message(body: &str) -> Option<String> {
+    let message = serde_json::from_str::<GitHubErrorBody>(body)
+        .ok()?
+        .message?;
+    let mut shown: String = message.chars().take(GITHUB_MESSAGE_LEN_MAX).collect();
+    if shown.len() < message.len() {
+        shown.push('…');
+    }
+    Some(shown)
+}
+
+/// Classifies a failed answer (API-CONTRACTS §1.8, BRIEF lesson 10): a rate limit comes as
+/// 403 or 429 and is told apart from a permission error by `retry-after`,
+/// `x-ratelimit-remaining: 0` or the secondary-limit message. The error says the status and
+/// GitHub's message; the caller adds what it was doing.
+pub fn classify(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &str,
+    now: DateTime<Utc>,
+) -> PortError {
+    let message = github_message(body);
+    let mut text = status.to_string();
+    if let Some(message) = &message {
+        text.push_str(&format!(": {message:?}"));
+    }
+    let code = status.as_u16();
+    if code == 403 || code == 429 {
+        let retry_after = header_u64(headers, "retry-after");
+        let exhausted = header_u64(headers, "x-ratelimit-remaining") == Some(0);
+        let secondary = message
+            .as_deref()
+            .is_some_and(|m| m.to_ascii_lowercase().contains("secondary rate limit"));
+        let wait_s = if let Some(seconds) = retry_after {
+            Some(seconds)
+        } else if exhausted {
+            let reset = RateHeaders::read(headers).and_then(|r| r.reset_at);
+            Some(match reset {
+                Some(reset) => u64::try_from((reset - now).num_seconds())
+                    .unwrap_or(0)
+                    .max(1),
+                None => SECONDARY_LIMIT_WAIT_S,
+            })
+        } else if secondary || code == 429 {
+            Some(SECONDARY_LIMIT_WAIT_S)
+        } else {
+            None
+        };
+        if let Some(mut wait_s) = wait_s {
+            if secondary {
+                wait_s = wait_s.max(SECONDARY_LIMIT_WAIT_S);
+            }
+            return PortError::new(
+                ErrorClass::RateLimited,
+                format!("{text} (retry in {wait_s}s)"),
+            )
+            .with_retry_after(Some(wait_s));
+        }
+        if let Some(accepted) = header_str(headers, "x-accepted-github-permissions") {
+            text.push_str(&format!(" (the token needs {accepted})"));
+        }
+        return PortError::new(ErrorClass::Forbidden, text);
+    }
+    let class = match code {
+        401 => ErrorClass::Unauthorized,
+        404 => ErrorClass::NotFound,
+        // Redirects are not followed (a token must not travel to another URL); GitHub
+        // answers 301 for a renamed repo, so the document names the old one.
+        300..=399 => ErrorClass::Configuration,
+        400 | 409 | 410 | 422 => ErrorClass::Configuration,
+        _ => ErrorClass::Transient,
+    };
+    PortError::new(class, text)
+}
+
+/// A parse failure, said without quoting the body: a body may carry a token, and serde's
+/// messages quote the offending value.
+pub fn malformed(doing: &str, e: &serde_json::Error) -> PortError {
+    PortError::new(
+        ErrorClass::Malformed,
+        format!(
+            "{doing}: unreadable JSON ({:?} error at line {} column {})",
+            e.classify(),
+            e.line(),
+            e.column()
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, HeaderValue::from_str(value).unwrap());
+        }
+        map
+    }
+
+    fn now() -> DateTime<Utc> {
+        DateTime::from_timestamp(1_700_000_000, 0).unwrap()
+    }
+
+    #[test]
+    fn exhausted_primary_limit_is_rate_limited_until_reset_for_403_and_429() {
+        for status in [403, 429] {
+            let e = classify(
+                StatusCode::from_u16(status).unwrap(),
+                &headers(&[
+                    ("x-ratelimit-remaining", "0"),
+                    ("x-ratelimit-reset", "1700000120"),
+                ]),
+                r#"{"message":"API rate limit exceeded for installation ID 1."}"#,
+                now(),
+            );
+            assert_eq!(e.class, ErrorClass::RateLimited);
+            assert_eq!(e.retry_after_s, Some(120));
+        }
+    }
+
+    #[test]
+    fn retry_after_wins_over_reset() {
+        let e = classify(
+            StatusCode::FORBIDDEN,
+            &headers(&[
+                ("retry-after", "30"),
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", "1700000120"),
+            ]),
+            "{}",
+            now(),
+        );
+        assert_eq!(
+            (e.class, e.retry_after_s),
+            (ErrorClass::RateLimited, Some(30))
+        );
+    }
+
+    #[test]
+    fn secondary_limit_waits_at_least_a_minute() {
+        let e = classify(
+            StatusCode::FORBIDDEN,
+            &headers(&[("x-ratelimit-remaining", "4000"), ("retry-after", "5")]),
+            r#"{"message":"You have exceeded a secondary rate limit. Please wait a few minutes before you try again."}"#,
+            now(),
+        );
+        assert_eq!(
+            (e.class, e.retry_after_s),
+            (ErrorClass::RateLimited, Some(60))
+        );
+    }
+
+    #[test]
+    fn other_403_is_forbidden_and_names_the_permission() {
+        let e = classify(
+            StatusCode::FORBIDDEN,
+            &headers(&[
+                ("x-ratelimit-remaining", "4999"),
+                ("x-accepted-github-permissions", "actions=read"),
+            ]),
+            r#"{"message":"Resource not accessible by integration","documentation_url":"x"}"#,
+            now(),
+        );
+        assert_eq!(e.class, ErrorClass::Forbidden);
+        assert_eq!(e.retry_after_s, None);
+        assert!(e.message.contains("actions=read"), "{}", e.message);
+        assert!(
+            e.message
+                .starts_with("403 Forbidden: \"Resource not accessible"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn statuses_map_to_classes() {
+        for (status, class) in [
+            (401, ErrorClass::Unauthorized),
+            (404, ErrorClass::NotFound),
+            (422, ErrorClass::Configuration),
+            (301, ErrorClass::Configuration),
+            (500, ErrorClass::Transient),
+            (502, ErrorClass::Transient),
+            (503, ErrorClass::Transient),
+        ] {
+            let e = classify(
+                StatusCode::from_u16(status).unwrap(),
+                &HeaderMap::new(),
+                "",
+                now(),
+            );
+            assert_eq!(e.class, class, "{status}");
+        }
+        let e = classify(StatusCode::BAD_GATEWAY, &HeaderMap::new(), "<html>", now());
+        assert_eq!(e.message, "502 Bad Gateway");
+    }
+
+    #[test]
+    fn rate_headers_of_other_resources_are_ignored() {
+        let core = headers(&[
+            ("x-ratelimit-resource", "core"),
+            ("x-ratelimit-remaining", "7"),
+        ]);
+        assert_eq!(RateHeaders::read(&core).unwrap().remaining, Some(7));
+        let search = headers(&[
+            ("x-ratelimit-resource", "search"),
+            ("x-ratelimit-remaining", "0"),
+        ]);
+        assert_eq!(RateHeaders::read(&search), None);
+    }
+}

@@ -1,0 +1,573 @@
+//! The GitHub client against the GitHub twin over loopback HTTP.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use runner_scaler::act::Registrar;
+use runner_scaler::clients::github::{AppCredentials, GitHub, GitHubSettings};
+use runner_scaler::config::{Mode, RepoConfig};
+use runner_scaler::model::{ErrorClass, RepoName, RunnerName};
+use runner_scaler::observe::{JobState, PortError, QueueSource};
+use runner_scaler::secrets::{ExposeSecret, SecretSource, SecretString};
+use runner_scaler::sim::twins::TwinServer;
+use runner_scaler::sim::twins::github::{
+    GitHubTwin, RateLimitAnswer, TEST_APP_ID, TEST_APP_PRIVATE_KEY_PEM,
+};
+use serde_json::json;
+use url::Url;
+
+/// Vault as the client sees it: fields by (path, field), with a read counter.
+#[derive(Default)]
+struct FakeVault {
+    fields: Mutex<HashMap<(String, String), String>>,
+    reads: Mutex<usize>,
+}
+
+impl FakeVault {
+    fn put(&self, path: &str, field: &str, value: &str) {
+        self.fields
+            .lock()
+            .unwrap()
+            .insert((path.to_string(), field.to_string()), value.to_string());
+    }
+
+    fn reads(&self) -> usize {
+        *self.reads.lock().unwrap()
+    }
+}
+
+#[async_trait]
+impl SecretSource for FakeVault {
+    async fn read_field(&self, path: &str, field: &str) -> Result<SecretString, PortError> {
+        *self.reads.lock().unwrap() += 1;
+        self.fields
+            .lock()
+            .unwrap()
+            .get(&(path.to_string(), field.to_string()))
+            .map(|v| SecretString::from(v.clone()))
+            .ok_or_else(|| PortError::new(ErrorClass::NotFound, format!("no secret at {path}")))
+    }
+}
+
+struct World {
+    twin: GitHubTwin,
+    _server: TwinServer,
+    client: GitHub,
+    vault: Arc<FakeVault>,
+}
+
+async fn world() -> World {
+    let twin = GitHubTwin::new();
+    let server = twin.start().await.unwrap();
+    let vault = Arc::new(FakeVault::default());
+    let settings = GitHubSettings {
+        api_url: Url::parse(&server.base_url()).unwrap(),
+        app: Some(AppCredentials {
+            app_id: TEST_APP_ID.to_string(),
+            private_key: SecretString::from(TEST_APP_PRIVATE_KEY_PEM),
+            installation_id: None,
+        }),
+        request_timeout: Duration::from_secs(10),
+    };
+    let client = GitHub::new(settings, vault.clone()).unwrap();
+    World {
+        twin,
+        _server: server,
+        client,
+        vault,
+    }
+}
+
+fn repo_name(name: &str) -> RepoName {
+    RepoName::parse(name).unwrap()
+}
+
+fn app_repo(name: &str) -> RepoConfig {
+    RepoConfig {
+        repo: repo_name(name),
+        mode: Mode::App,
+        max_concurrent: 2,
+        profiles: Vec::new(),
+        default_job: Some("ci-runner".to_string()),
+        labels: None,
+    }
+}
+
+fn vault_repo(name: &str, vault_path: &str) -> RepoConfig {
+    RepoConfig {
+        mode: Mode::Vault {
+            vault_path: vault_path.to_string(),
+            register_vault_path: format!("{vault_path}-admin"),
+        },
+        ..app_repo(name)
+    }
+}
+
+fn count(twin: &GitHubTwin, endpoint: &str) -> usize {
+    twin.request_counts().get(endpoint).copied().unwrap_or(0)
+}
+
+const LIST_RUNS: &str = "GET /repos/{owner}/{repo}/actions/runs";
+const LIST_JOBS: &str = "GET /repos/{owner}/{repo}/actions/runs/{run_id}/jobs";
+const ACCESS_TOKENS: &str = "POST /app/installations/{installation_id}/access_tokens";
+const REPO_INSTALLATION: &str = "GET /repos/{owner}/{repo}/installation";
+
+#[tokio::test]
+async fn every_token_names_one_repo_and_one_permission() {
+    let w = world().await;
+    w.twin.install_app("acme");
+    for name in ["acme/api", "acme/web"] {
+        w.twin.add_run(&repo_name(name), vec![vec!["self-hosted"]]);
+    }
+    for name in ["acme/api", "acme/web"] {
+        let repo = app_repo(name);
+        assert_eq!(w.client.list_jobs(&repo).await.unwrap().jobs.len(), 1);
+        let token = w.client.mint(&repo).await.unwrap().expect("app mode mints");
+        assert!(!token.0.expose_secret().is_empty());
+    }
+
+    let requests = w.twin.token_requests();
+    let asked: BTreeSet<String> = requests
+        .iter()
+        .map(|r| {
+            assert_eq!(r.status, 201);
+            let repos = r.body["repositories"].as_array().unwrap();
+            let permissions = r.body["permissions"].as_object().unwrap();
+            assert_eq!(repos.len(), 1, "{}", r.body);
+            assert_eq!(permissions.len(), 1, "{}", r.body);
+            assert_eq!(r.body.as_object().unwrap().len(), 2, "{}", r.body);
+            r.body.to_string()
+        })
+        .collect();
+    let expected: BTreeSet<String> = [
+        json!({"repositories": ["api"], "permissions": {"actions": "read"}}),
+        json!({"repositories": ["api"], "permissions": {"administration": "write"}}),
+        json!({"repositories": ["web"], "permissions": {"actions": "read"}}),
+        json!({"repositories": ["web"], "permissions": {"administration": "write"}}),
+    ]
+    .iter()
+    .map(|v| v.to_string())
+    .collect();
+    assert_eq!(asked, expected);
+
+    // Each call was made with a token of exactly its repo and its permission.
+    for entry in w.twin.request_log() {
+        let Some(grant) = &entry.grant else { continue };
+        let repo = entry.path.split('/').nth(3).unwrap().to_string();
+        let repo = if entry.path.starts_with("/repositories/") {
+            grant.repositories.as_ref().unwrap()[0].clone()
+        } else {
+            repo
+        };
+        assert_eq!(grant.repositories, Some(vec![repo]), "{entry:?}");
+        let wanted = if entry.endpoint.contains("registration-token") {
+            ("administration", "write")
+        } else {
+            ("actions", "read")
+        };
+        let expected: BTreeMap<String, String> =
+            [(wanted.0.to_string(), wanted.1.to_string())].into();
+        assert_eq!(grant.permissions, expected, "{entry:?}");
+        assert_eq!(entry.status / 100, 2, "{entry:?}");
+    }
+}
+
+#[tokio::test]
+async fn the_twin_refuses_a_token_without_the_permission_as_forbidden() {
+    let w = world().await;
+    let repo = vault_repo("acme/api", "github/api-poll");
+    w.twin.add_run(&repo.repo, vec![vec!["self-hosted"]]);
+    w.vault.put("github/api-poll", "token", "ghp_adminonly");
+    w.twin.add_pat(
+        "ghp_adminonly",
+        "poller",
+        Some(std::slice::from_ref(&repo.repo)),
+        &[("administration", "write")],
+    );
+    let e = w.client.list_jobs(&repo).await.unwrap_err();
+    assert_eq!(e.class, ErrorClass::Forbidden, "{e}");
+    assert!(
+        e.message
+            .starts_with("list queued runs of acme/api: 403 Forbidden"),
+        "{e}"
+    );
+    assert!(e.message.contains("actions=read"), "{e}");
+    assert_eq!(e.retry_after_s, None);
+}
+
+#[tokio::test]
+async fn listing_follows_every_page_of_runs_and_jobs() {
+    let w = world().await;
+    w.twin.install_app("acme");
+    let repo = app_repo("acme/api");
+    for _ in 0..130 {
+        w.twin
+            .add_run(&repo.repo, vec![vec!["self-hosted", "linux"]]);
+    }
+    let big = w
+        .twin
+        .add_run(&repo.repo, (0..150).map(|_| vec!["self-hosted"]).collect());
+    // One job started: the big run is in progress while 149 of its jobs still wait.
+    w.twin
+        .start_job(&repo.repo, big.job_ids[0], "ci-runner-aaaaaaaaaaaa")
+        .unwrap();
+
+    let jobs = w.client.list_jobs(&repo).await.unwrap();
+    assert!(!jobs.truncated);
+    assert_eq!(jobs.jobs.len(), 280);
+    let ids: BTreeSet<u64> = jobs.jobs.iter().map(|j| j.id).collect();
+    assert_eq!(ids.len(), 280);
+    assert!(big.job_ids.iter().all(|id| ids.contains(id)));
+    assert_eq!(
+        count(&w.twin, LIST_RUNS),
+        3,
+        "2 pages of queued runs, 1 of in-progress"
+    );
+    assert_eq!(count(&w.twin, LIST_JOBS), 130 + 2);
+    let followed: Vec<String> = w
+        .twin
+        .request_log()
+        .into_iter()
+        .filter(|e| e.path.starts_with("/repositories/"))
+        .map(|e| e.path)
+        .collect();
+    assert_eq!(followed.len(), 2, "{followed:?}");
+    assert!(
+        followed
+            .iter()
+            .all(|p| p.contains("per_page=100") && p.contains("page=2"))
+    );
+}
+
+#[tokio::test]
+async fn a_queued_job_of_an_in_progress_run_is_demand() {
+    let w = world().await;
+    w.twin.install_app("acme");
+    let repo = app_repo("acme/api");
+    let run = w.twin.add_run(
+        &repo.repo,
+        vec![vec!["self-hosted"], vec!["self-hosted", "go"]],
+    );
+    w.twin
+        .start_job(&repo.repo, run.job_ids[0], "ci-runner-3f9c2a1b7d04")
+        .unwrap();
+    let jobs = w.client.list_jobs(&repo).await.unwrap().jobs;
+    let state = |id: u64| jobs.iter().find(|j| j.id == id).map(|j| j.state.clone());
+    assert_eq!(
+        state(run.job_ids[0]),
+        Some(JobState::InProgress {
+            runner: Some(RunnerName("ci-runner-3f9c2a1b7d04".into()))
+        })
+    );
+    assert_eq!(state(run.job_ids[1]), Some(JobState::Queued));
+    let queued = jobs.iter().find(|j| j.id == run.job_ids[1]).unwrap();
+    assert_eq!(queued.labels, ["self-hosted", "go"]);
+    assert!(queued.queued_at.is_some());
+}
+
+#[tokio::test]
+async fn only_self_hosted_jobs_count_whatever_the_case() {
+    let w = world().await;
+    w.twin.install_app("acme");
+    let repo = app_repo("acme/api");
+    let run = w.twin.add_run(
+        &repo.repo,
+        vec![
+            vec!["ubuntu-latest"],
+            vec!["Self-Hosted", "Linux"],
+            vec!["linux"],
+        ],
+    );
+    let finished = w.twin.add_run(&repo.repo, vec![vec!["self-hosted"]]);
+    w.twin
+        .complete_job(&repo.repo, finished.job_ids[0], "success")
+        .unwrap();
+    let jobs = w.client.list_jobs(&repo).await.unwrap().jobs;
+    let ids: Vec<u64> = jobs.iter().map(|j| j.id).collect();
+    assert_eq!(ids, [run.job_ids[1]]);
+}
+
+#[tokio::test]
+async fn an_exhausted_primary_limit_is_rate_limited_and_pauses_the_installation() {
+    for status in [403, 429] {
+        let w = world().await;
+        w.twin.install_app("acme");
+        let repo = app_repo("acme/api");
+        w.twin.add_run(&repo.repo, vec![vec!["self-hosted"]]);
+        w.twin
+            .force_rate_limit(Some(RateLimitAnswer::Primary { status }));
+        let e = w.client.list_jobs(&repo).await.unwrap_err();
+        assert_eq!(e.class, ErrorClass::RateLimited, "{e}");
+        let wait = e.retry_after_s.unwrap();
+        assert!((3500..=3600).contains(&wait), "{wait}");
+        assert!(w.client.paused_until(&repo).is_some());
+
+        // While paused, the client does not spend requests on refusals; other owners go on.
+        w.twin.force_rate_limit(None);
+        let before = count(&w.twin, LIST_RUNS);
+        let e = w.client.list_jobs(&repo).await.unwrap_err();
+        assert_eq!(e.class, ErrorClass::RateLimited);
+        assert_eq!(count(&w.twin, LIST_RUNS), before);
+        w.twin.install_app("other");
+        let other = app_repo("other/site");
+        w.twin.add_repo(&other.repo);
+        w.client.list_jobs(&other).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_secondary_limit_waits_as_asked_but_at_least_a_minute() {
+    let w = world().await;
+    w.twin.install_app("acme");
+    let repo = app_repo("acme/api");
+    w.twin.add_repo(&repo.repo);
+    w.twin.force_rate_limit(Some(RateLimitAnswer::Secondary {
+        status: 403,
+        retry_after_s: Some(120),
+    }));
+    let e = w.client.list_jobs(&repo).await.unwrap_err();
+    assert_eq!(
+        (e.class, e.retry_after_s),
+        (ErrorClass::RateLimited, Some(120))
+    );
+    w.twin.force_rate_limit(Some(RateLimitAnswer::Secondary {
+        status: 429,
+        retry_after_s: None,
+    }));
+    let other = app_repo("acme/web");
+    w.twin.add_repo(&other.repo);
+    // acme's installation is paused by the first refusal: no request at all.
+    let e = w.client.list_jobs(&other).await.unwrap_err();
+    assert_eq!(e.class, ErrorClass::RateLimited);
+}
+
+#[tokio::test]
+async fn a_revoked_token_is_reminted_once() {
+    let w = world().await;
+    w.twin.install_app("acme");
+    let repo = app_repo("acme/api");
+    w.twin.add_run(&repo.repo, vec![vec!["self-hosted"]]);
+    w.client.list_jobs(&repo).await.unwrap();
+    assert_eq!(w.twin.token_requests().len(), 1);
+
+    w.twin.revoke_installation_tokens();
+    let jobs = w.client.list_jobs(&repo).await.unwrap();
+    assert_eq!(jobs.jobs.len(), 1);
+    assert_eq!(w.twin.token_requests().len(), 2);
+    let refused = w
+        .twin
+        .request_log()
+        .iter()
+        .filter(|e| e.status == 401)
+        .count();
+    assert_eq!(refused, 1);
+}
+
+#[tokio::test]
+async fn tokens_and_installations_are_reused_across_ticks() {
+    let w = world().await;
+    w.twin.install_app("acme");
+    let repo = app_repo("acme/api");
+    w.twin.add_run(&repo.repo, vec![vec!["self-hosted"]]);
+    for _ in 0..2 {
+        w.client.list_jobs(&repo).await.unwrap();
+        w.client.mint(&repo).await.unwrap().unwrap();
+    }
+    assert_eq!(count(&w.twin, ACCESS_TOKENS), 2, "one per permission");
+    assert_eq!(count(&w.twin, REPO_INSTALLATION), 1);
+}
+
+#[tokio::test]
+async fn an_expired_token_is_replaced_before_use() {
+    let w = world().await;
+    w.twin.install_app("acme");
+    let repo = app_repo("acme/api");
+    w.twin.add_repo(&repo.repo);
+    let offset = Arc::new(Mutex::new(chrono::Duration::zero()));
+    let clock_offset = offset.clone();
+    let client = {
+        let settings = GitHubSettings {
+            api_url: Url::parse(&format!("http://{}", w._server.addr)).unwrap(),
+            app: Some(AppCredentials {
+                app_id: TEST_APP_ID.to_string(),
+                private_key: SecretString::from(TEST_APP_PRIVATE_KEY_PEM),
+                installation_id: None,
+            }),
+            request_timeout: Duration::from_secs(10),
+        };
+        GitHub::new(settings, w.vault.clone())
+            .unwrap()
+            .with_clock(Arc::new(move || {
+                chrono::Utc::now() + *clock_offset.lock().unwrap()
+            }))
+    };
+    client.list_jobs(&repo).await.unwrap();
+    // 56 minutes on, the one-hour token has less than the five minutes left it needs.
+    *offset.lock().unwrap() = chrono::Duration::minutes(56);
+    w.twin.advance_clock(chrono::Duration::minutes(56));
+    client.list_jobs(&repo).await.unwrap();
+    assert_eq!(count(&w.twin, ACCESS_TOKENS), 2);
+    assert!(w.twin.request_log().iter().all(|e| e.status != 401));
+}
+
+#[tokio::test]
+async fn an_unknown_owner_falls_back_to_the_configured_installation() {
+    let twin = GitHubTwin::new();
+    let server = twin.start().await.unwrap();
+    let installation = twin.install_app("acme");
+    let repo = app_repo("acme/api");
+    twin.add_run(&repo.repo, vec![vec!["self-hosted"]]);
+    // The lookup is made for a repo the twin does not know under that owner name: 404.
+    let settings = |fallback| GitHubSettings {
+        api_url: Url::parse(&server.base_url()).unwrap(),
+        app: Some(AppCredentials {
+            app_id: TEST_APP_ID.to_string(),
+            private_key: SecretString::from(TEST_APP_PRIVATE_KEY_PEM),
+            installation_id: fallback,
+        }),
+        request_timeout: Duration::from_secs(10),
+    };
+    let ghost = app_repo("ghost/site");
+    let client = GitHub::new(settings(None), Arc::new(FakeVault::default())).unwrap();
+    let e = client.list_jobs(&ghost).await.unwrap_err();
+    assert_eq!(e.class, ErrorClass::NotFound, "{e}");
+    assert!(e.message.contains("GITHUB_APP_INSTALLATION_ID"), "{e}");
+
+    let client = GitHub::new(settings(Some(installation)), Arc::new(FakeVault::default())).unwrap();
+    let e = client.list_jobs(&ghost).await.unwrap_err();
+    // The fallback installation was used; it has no repo named `site`, so GitHub says 422.
+    assert_eq!(e.class, ErrorClass::Configuration, "{e}");
+    assert_eq!(
+        twin.token_requests().last().unwrap().installation_id,
+        installation
+    );
+    client.list_jobs(&repo).await.unwrap();
+}
+
+#[tokio::test]
+async fn repo_urls_follow_the_api_host() {
+    let vault: Arc<dyn SecretSource> = Arc::new(FakeVault::default());
+    let repo = app_repo("acme/api");
+    for (api, web) in [
+        ("https://api.github.com", "https://github.com/acme/api"),
+        (
+            "https://ghe.example.com/api/v3",
+            "https://ghe.example.com/acme/api",
+        ),
+        (
+            "https://api.octocorp.ghe.com",
+            "https://octocorp.ghe.com/acme/api",
+        ),
+    ] {
+        let settings = GitHubSettings {
+            api_url: Url::parse(api).unwrap(),
+            app: None,
+            request_timeout: Duration::from_secs(1),
+        };
+        let client = GitHub::new(settings, vault.clone()).unwrap();
+        assert_eq!(client.repo_url(&repo), web);
+    }
+}
+
+#[tokio::test]
+async fn vault_mode_polls_with_the_vault_token_and_never_mints() {
+    let w = world().await;
+    let repo = vault_repo("ev-the-dev/moat", "github/moat-poll");
+    w.twin.add_run(&repo.repo, vec![vec!["self-hosted", "vm"]]);
+    w.vault.put("github/moat-poll", "token", "ghp_poll1");
+    w.twin.add_pat(
+        "ghp_poll1",
+        "moat",
+        Some(std::slice::from_ref(&repo.repo)),
+        &[("actions", "read")],
+    );
+    for _ in 0..2 {
+        assert_eq!(w.client.list_jobs(&repo).await.unwrap().jobs.len(), 1);
+        assert!(w.client.mint(&repo).await.unwrap().is_none());
+    }
+    assert_eq!(w.vault.reads(), 1, "the polling token is cached");
+    assert!(w.twin.token_requests().is_empty());
+    assert_eq!(
+        count(&w.twin, ACCESS_TOKENS) + count(&w.twin, REPO_INSTALLATION),
+        0
+    );
+    assert!(
+        w.twin
+            .request_log()
+            .iter()
+            .all(|e| !e.endpoint.contains("registration-token"))
+    );
+
+    // The token is rotated in Vault and the old one revoked: one 401, one re-read.
+    w.vault.put("github/moat-poll", "token", "ghp_poll2");
+    w.twin.add_pat(
+        "ghp_poll2",
+        "moat",
+        Some(std::slice::from_ref(&repo.repo)),
+        &[("actions", "read")],
+    );
+    w.twin.revoke_token("ghp_poll1");
+    w.client.list_jobs(&repo).await.unwrap();
+    assert_eq!(w.vault.reads(), 2);
+}
+
+#[tokio::test]
+async fn a_polling_token_vault_cannot_serve_is_reported_with_its_path() {
+    let w = world().await;
+    let repo = vault_repo("acme/api", "github/missing");
+    let e = w.client.list_jobs(&repo).await.unwrap_err();
+    assert_eq!(e.class, ErrorClass::NotFound);
+    assert!(e.message.contains("github/missing"), "{e}");
+}
+
+#[tokio::test]
+async fn requests_carry_githubs_headers() {
+    let w = world().await;
+    w.twin.install_app("acme");
+    let repo = app_repo("acme/api");
+    w.twin.add_run(&repo.repo, vec![vec!["self-hosted"]]);
+    w.client.list_jobs(&repo).await.unwrap();
+    w.client.mint(&repo).await.unwrap();
+    let log = w.twin.request_log();
+    assert!(log.len() >= 5);
+    for entry in log {
+        assert_eq!(
+            entry.accept.as_deref(),
+            Some("application/vnd.github+json"),
+            "{entry:?}"
+        );
+        assert_eq!(entry.api_versions, ["2022-11-28"], "{entry:?}");
+        assert!(entry.user_agent.is_some_and(|ua| !ua.is_empty()));
+    }
+}
+
+#[tokio::test]
+async fn unchanged_listings_are_answered_304_and_not_charged() {
+    let w = world().await;
+    w.twin.install_app("acme");
+    let repo = app_repo("acme/api");
+    let run = w
+        .twin
+        .add_run(&repo.repo, vec![vec!["self-hosted"], vec!["self-hosted"]]);
+    let first = w.client.list_jobs(&repo).await.unwrap();
+    w.twin.clear_log();
+    let second = w.client.list_jobs(&repo).await.unwrap();
+    assert_eq!(first, second);
+    let log = w.twin.request_log();
+    assert!(!log.is_empty());
+    assert!(log.iter().all(|e| e.status == 304 && !e.counted), "{log:?}");
+
+    // A change shows through at once.
+    w.twin
+        .start_job(&repo.repo, run.job_ids[0], "ci-runner-3f9c2a1b7d04")
+        .unwrap();
+    let third = w.client.list_jobs(&repo).await.unwrap();
+    assert!(
+        third
+            .jobs
+            .iter()
+            .any(|j| matches!(j.state, JobState::InProgress { .. }))
+    );
+}
