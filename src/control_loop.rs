@@ -11,7 +11,7 @@ use futures::StreamExt;
 use rand::RngCore;
 use tracing::{debug, error, warn};
 
-use crate::act::execute::{ActPorts, ActReport, DispatchOutcome, carry_out};
+use crate::act::execute::{ActReport, DispatchOutcome, carry_out};
 use crate::act::{ChildControl, Registrar, Registrars};
 use crate::config::{Config, Mode};
 use crate::model::{ErrorClass, RepoName};
@@ -179,10 +179,8 @@ impl Controller {
         let act = carry_out(
             &plan,
             config,
-            &ActPorts {
-                registrars: &self.services,
-                control: self.services.control.as_ref(),
-            },
+            &self.services,
+            self.services.control.as_ref(),
             self.rng.as_mut(),
         )
         .await;
@@ -215,15 +213,23 @@ impl Controller {
             .collect();
 
         let children = self.services.children.clone();
-        let listings = futures::stream::iter(parents.into_iter().map(|parent| {
-            let children = children.clone();
-            async move {
-                let result = children.list_children(&parent).await;
-                (parent, result)
-            }
-        }))
-        .buffer_unordered(self.settings.list_concurrency_max)
-        .collect::<Vec<_>>();
+        // Boxed so the tick's future stays `Send` (closures returning async blocks inside
+        // stream adapters trip rustc's higher-ranked lifetime inference otherwise).
+        type Listing = (String, Result<Vec<crate::observe::Child>, PortError>);
+        let listings: Vec<futures::future::BoxFuture<'static, Listing>> = parents
+            .into_iter()
+            .map(|parent| {
+                let children = children.clone();
+                let listing: futures::future::BoxFuture<'static, Listing> = Box::pin(async move {
+                    let result = children.list_children(&parent).await;
+                    (parent, result)
+                });
+                listing
+            })
+            .collect();
+        let listings = futures::stream::iter(listings)
+            .buffer_unordered(self.settings.list_concurrency_max)
+            .collect::<Vec<_>>();
 
         // Repos whose queue is backing off are not asked this tick.
         let mut to_ask = Vec::new();
@@ -253,12 +259,20 @@ impl Controller {
                 },
             }
         }
-        let queues = futures::stream::iter(to_ask.into_iter().map(|(repo, queue)| async move {
-            let result = queue.list_jobs(&repo).await;
-            (repo.repo, result)
-        }))
-        .buffer_unordered(self.settings.list_concurrency_max)
-        .collect::<Vec<_>>();
+        type Queue = (RepoName, Result<RepoJobs, PortError>);
+        let queues: Vec<futures::future::BoxFuture<'static, Queue>> = to_ask
+            .into_iter()
+            .map(|(repo, queue)| {
+                let queue_read: futures::future::BoxFuture<'static, Queue> = Box::pin(async move {
+                    let result = queue.list_jobs(&repo).await;
+                    (repo.repo, result)
+                });
+                queue_read
+            })
+            .collect();
+        let queues = futures::stream::iter(queues)
+            .buffer_unordered(self.settings.list_concurrency_max)
+            .collect::<Vec<_>>();
 
         let (listings, queues) = futures::join!(listings, queues);
 

@@ -1,12 +1,364 @@
 //! Builds the real clients from process settings and runs `run`, `once`, `status` and
-//! `simulate`. (Being wired: see the clients.)
+//! `simulate`. Bad process settings are reported here and exit with 64.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
-use crate::cli::Command;
+use async_trait::async_trait;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use secrecy::SecretString;
+use tracing::{info, warn};
+use tracing_subscriber::EnvFilter;
+
+use crate::cli::{
+    Command, DaemonArgs, EXIT_BAD_SETTINGS, EXIT_INVALID, SimulateArgs, read_secret,
+    read_secret_file,
+};
+use crate::clients::consul::{ConsulKv, ConsulSettings};
+use crate::clients::forgejo::Forgejo;
+use crate::clients::github::{AppCredentials, GitHub, GitHubSettings};
+use crate::clients::http::TlsFiles;
+use crate::clients::nomad::{NomadClient, NomadSettings};
+use crate::clients::vault::{VaultKv, VaultSettings};
+use crate::config::ConfigDefaults;
+use crate::config::watch::{DocumentSource, Fetched, WatchSettings};
+use crate::control_loop::{Controller, Forge, LoopSettings, Services};
+use crate::model::ErrorClass;
+use crate::observe::PortError;
+use crate::plan::PlanSettings;
+use crate::secrets::SecretSource;
+
+/// Crates whose own logging is noise next to ours (every 404 at ERROR, every request at
+/// INFO); our clients log what matters with context.
+const QUIET_CRATES: &str = "consulrs=off,rustify=off,vaultrs=off";
+
+/// Logs go to stderr, so `--json` output on stdout stays clean. `RUST_LOG` overrides.
+pub fn init_tracing() {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(format!("info,{QUIET_CRATES}")));
+    use std::io::IsTerminal;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn bad_settings(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("runner-scaler: {message}");
+    ExitCode::from(EXIT_BAD_SETTINGS as u8)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("start the tokio runtime")
+}
 
 pub fn run_command(command: Command) -> ExitCode {
-    let _ = command;
-    eprintln!("not wired yet");
-    ExitCode::from(1)
+    init_tracing();
+    match command {
+        Command::Run(args) => runtime().block_on(daemon(*args)),
+        Command::Once {
+            daemon,
+            dry_run,
+            json,
+        } => runtime().block_on(once(*daemon, dry_run, json)),
+        Command::Status { daemon, json } => runtime().block_on(once(*daemon, true, json)),
+        Command::Simulate(args) => runtime().block_on(simulate(args)),
+        Command::Config { .. } => unreachable!("handled in main"),
+    }
+}
+
+/// Stands in for Vault when `VAULT_TOKEN` is not set: repos that need a Vault secret report
+/// a configuration error, the others go on.
+struct NoVault;
+
+#[async_trait]
+impl SecretSource for NoVault {
+    async fn read_field(&self, path: &str, field: &str) -> Result<SecretString, PortError> {
+        Err(PortError::new(
+            ErrorClass::Configuration,
+            format!("read {field} at {path}: VAULT_TOKEN is not set"),
+        ))
+    }
+}
+
+/// Everything the daemon is built from.
+pub struct Built {
+    pub services: Services,
+    pub consul: ConsulKv,
+    pub loop_settings: LoopSettings,
+    pub defaults: ConfigDefaults,
+}
+
+/// Builds the clients from settings; an error is a bad process setting.
+pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
+    let timeout = args.request_timeout;
+    let nomad = Arc::new(NomadClient::new(
+        NomadSettings {
+            addr: args.nomad_addr.clone(),
+            token: read_secret("NOMAD_TOKEN")?,
+            namespace: args.nomad_namespace.clone(),
+            region: args.nomad_region.clone(),
+            tls: TlsFiles {
+                ca_cert: args.nomad_cacert.clone(),
+                client_cert: args.nomad_client_cert.clone(),
+                client_key: args.nomad_client_key.clone(),
+            },
+        },
+        timeout,
+    )?);
+    let consul = ConsulKv::new(
+        &ConsulSettings {
+            address: args.consul_http_addr.clone(),
+            token: read_secret("CONSUL_HTTP_TOKEN")?,
+            ca_cert: args.consul_cacert.clone(),
+            client_cert: std::env::var_os("CONSUL_CLIENT_CERT").map(Into::into),
+            client_key: std::env::var_os("CONSUL_CLIENT_KEY").map(Into::into),
+        },
+        &args.runner_scaler_config_key,
+    )?;
+    if args.github_app_vault_path.is_some() && args.github_app_private_key_file.is_some() {
+        return Err("set GITHUB_APP_PRIVATE_KEY_FILE or GITHUB_APP_VAULT_PATH, not both".into());
+    }
+    let vault = match read_secret("VAULT_TOKEN")? {
+        Some(token) => Some(Arc::new(VaultKv::new(VaultSettings {
+            addr: args.vault_addr.clone(),
+            token,
+            namespace: args.vault_namespace.clone(),
+            ca_cert: args.vault_cacert.clone(),
+            mount: args.vault_mount.clone(),
+        })?)),
+        None => None,
+    };
+    let secrets: Arc<dyn SecretSource> = match &vault {
+        Some(vault) => vault.clone(),
+        None => Arc::new(NoVault),
+    };
+    let app = match (
+        &args.github_app_id,
+        &args.github_app_private_key_file,
+        &args.github_app_vault_path,
+    ) {
+        (Some(app_id), Some(key_file), None) => Some(AppCredentials {
+            app_id: app_id.clone(),
+            private_key: read_secret_file(key_file, "GITHUB_APP_PRIVATE_KEY_FILE")?,
+            installation_id: args.github_app_installation_id,
+        }),
+        (_, None, Some(path)) => {
+            let Some(vault) = &vault else {
+                return Err("GITHUB_APP_VAULT_PATH is set but VAULT_TOKEN is not".into());
+            };
+            let secret = vault
+                .read_app_credentials(path)
+                .await
+                .map_err(|e| format!("read the GitHub App from Vault at {path}: {e}"))?;
+            Some(AppCredentials {
+                app_id: args.github_app_id.clone().unwrap_or(secret.app_id),
+                private_key: secret.private_key,
+                installation_id: args.github_app_installation_id.or(secret.installation_id),
+            })
+        }
+        (None, None, None) => None,
+        (None, Some(_), None) => {
+            return Err("GITHUB_APP_PRIVATE_KEY_FILE is set but GITHUB_APP_ID is not".into());
+        }
+        (Some(_), None, None) => {
+            return Err(
+                "GITHUB_APP_ID is set but neither GITHUB_APP_PRIVATE_KEY_FILE nor GITHUB_APP_VAULT_PATH is"
+                    .into(),
+            );
+        }
+        (_, Some(_), Some(_)) => unreachable!("refused above"),
+    };
+    if app.is_none() {
+        info!("no GitHub App configured: only vault and forgejo repos can be served");
+    }
+    let github = Arc::new(GitHub::new(
+        GitHubSettings {
+            api_url: args.github_api_url.clone(),
+            app,
+            request_timeout: timeout,
+        },
+        secrets.clone(),
+    )?);
+    let forgejo = Arc::new(Forgejo::new(secrets, &TlsFiles::default(), timeout)?);
+    Ok(Built {
+        services: Services {
+            github: Some(Forge {
+                queue: github.clone(),
+                registrar: github,
+            }),
+            forgejo: Some(Forge {
+                queue: forgejo.clone(),
+                registrar: forgejo,
+            }),
+            children: nomad.clone(),
+            control: nomad,
+        },
+        consul,
+        loop_settings: LoopSettings {
+            poll_interval: args.poll_interval,
+            plan: PlanSettings {
+                max_in_flight: args.max_in_flight,
+            },
+            ..LoopSettings::default()
+        },
+        defaults: ConfigDefaults {
+            default_job: args.default_job.clone(),
+            default_repo_max: args.default_repo_max,
+        },
+    })
+}
+
+/// Completes at the first SIGTERM or SIGINT; a second one aborts the process.
+async fn shutdown_signal() {
+    let first = wait_for_signal().await;
+    info!("{first} received: finishing the tick in progress, starting no new one");
+    tokio::spawn(async {
+        let second = wait_for_signal().await;
+        warn!("{second} received again: exiting now");
+        std::process::exit(130);
+    });
+}
+
+async fn wait_for_signal() -> &'static str {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).expect("install the SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = tokio::signal::ctrl_c() => "SIGINT",
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+        "interrupt"
+    }
+}
+
+async fn daemon(args: DaemonArgs) -> ExitCode {
+    let built = match build(&args).await {
+        Ok(built) => built,
+        Err(e) => return bad_settings(e),
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let (config_rx, watcher) = crate::config::watch::spawn(
+        built.consul,
+        built.defaults,
+        WatchSettings::default(),
+        stopped(stop_rx.clone()),
+    );
+    let controller = Controller::new(
+        built.services,
+        built.loop_settings,
+        Box::new(StdRng::from_os_rng()),
+    );
+    info!(
+        poll_interval = %humantime::format_duration(args.poll_interval),
+        "runner-scaler started"
+    );
+    crate::control_loop::run(controller, config_rx, &crate::clock::SystemClock, async {
+        shutdown_signal().await;
+    })
+    .await;
+    let _ = stop_tx.send(true);
+    let _ = watcher.await;
+    info!("runner-scaler stopped");
+    ExitCode::SUCCESS
+}
+
+/// `once` and `status`: read the document once, run one tick (acting unless `dry_run`).
+async fn once(args: DaemonArgs, dry_run: bool, json: bool) -> ExitCode {
+    let built = match build(&args).await {
+        Ok(built) => built,
+        Err(e) => return bad_settings(e),
+    };
+    let document = match built.consul.fetch(0, std::time::Duration::ZERO).await {
+        Ok(Fetched::Found { bytes, .. }) => bytes,
+        Ok(Fetched::Missing { .. }) => {
+            eprintln!(
+                "the document {} does not exist in Consul: nothing to do",
+                args.runner_scaler_config_key
+            );
+            return ExitCode::from(EXIT_INVALID as u8);
+        }
+        Err(e) => {
+            eprintln!("read the document {}: {e}", args.runner_scaler_config_key);
+            return ExitCode::from(EXIT_INVALID as u8);
+        }
+    };
+    let config = match crate::config::parse_document(&document, &built.defaults) {
+        Ok(config) => config,
+        Err(problems) => {
+            for p in problems {
+                eprintln!("{p}");
+            }
+            return ExitCode::from(EXIT_INVALID as u8);
+        }
+    };
+    let mut controller = Controller::new(
+        built.services,
+        built.loop_settings,
+        Box::new(StdRng::from_os_rng()),
+    );
+    use crate::clock::Clock;
+    let view = controller
+        .tick(&config, 0, crate::clock::SystemClock.now(), dry_run)
+        .await;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&view).expect("a tick view serialises")
+        );
+    } else {
+        print!("{}", view.render_text());
+    }
+    ExitCode::SUCCESS
+}
+
+async fn simulate(args: SimulateArgs) -> ExitCode {
+    if args.bench || args.seeds.is_some() || args.scenario != "demo" {
+        eprintln!(
+            "runner-scaler simulate: only the demo world exists so far (--scenario demo, --seed S)"
+        );
+        return ExitCode::from(EXIT_BAD_SETTINGS as u8);
+    }
+    let options = crate::sim::world::WorldOptions {
+        seed: args.seed.unwrap_or(1),
+        ..Default::default()
+    };
+    println!(
+        "simulating seed {}: twins of GitHub, Forgejo, Nomad, Consul and Vault on loopback; the real daemon against them",
+        options.seed
+    );
+    match crate::sim::world::run_world(options).await {
+        Ok(summary) => {
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&summary).expect("a summary serialises")
+                );
+            } else {
+                print!("{}", summary.render_text());
+            }
+            if summary.ok() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(EXIT_INVALID as u8)
+            }
+        }
+        Err(e) => {
+            eprintln!("simulate: {e}");
+            ExitCode::from(EXIT_INVALID as u8)
+        }
+    }
 }

@@ -18,12 +18,6 @@ pub const DISPATCH_ATTEMPTS_MAX: u32 = 3;
 /// Pause before the second attempt; doubled for each further one.
 pub const DISPATCH_RETRY_DELAY: Duration = Duration::from_millis(250);
 
-/// Where the act step gets what it needs.
-pub struct ActPorts<'a> {
-    pub registrars: &'a dyn Registrars,
-    pub control: &'a dyn ChildControl,
-}
-
 /// What happened to one planned dispatch.
 #[derive(Debug)]
 pub enum DispatchOutcome {
@@ -102,7 +96,8 @@ fn random_hex(rng: &mut (dyn RngCore + Send), len: usize) -> String {
 pub async fn carry_out(
     plan: &Plan,
     config: &Config,
-    ports: &ActPorts<'_>,
+    registrars: &dyn Registrars,
+    control: &dyn ChildControl,
     rng: &mut (dyn RngCore + Send),
 ) -> ActReport {
     let mut report = ActReport::default();
@@ -136,7 +131,7 @@ pub async fn carry_out(
         let Some(repo) = config.repos.get(&bucket.repo) else {
             continue;
         };
-        let Some(registrar) = ports.registrars.for_mode(&repo.mode) else {
+        let Some(registrar) = registrars.for_mode(&repo.mode) else {
             report.dispatches.push(DispatchOutcome::Skipped {
                 bucket,
                 parent,
@@ -168,7 +163,7 @@ pub async fn carry_out(
             },
             idempotency_token: random_hex(rng, 32),
         };
-        match dispatch_with_retries(ports.control, &request).await {
+        match dispatch_with_retries(control, &request).await {
             Ok(dispatched) => report.dispatches.push(DispatchOutcome::Dispatched {
                 bucket,
                 parent,
@@ -199,7 +194,7 @@ pub async fn carry_out(
     for child in &plan.purges {
         report
             .purges
-            .push(purge_if_still_dead(ports.control, child).await);
+            .push(purge_if_still_dead(control, child).await);
     }
     report
 }

@@ -1,0 +1,690 @@
+//! The simulated world behind `runner-scaler simulate`: twins of every service on loopback,
+//! the real daemon (real clients, config watcher, control loop) against them, and a world
+//! that plays the part of the cluster and of the runners.
+//!
+//! The world is honest about how GitHub hands out work: an idle registered runner is given
+//! the oldest queued job whose labels are all among its own, not the job it was dispatched
+//! for. A runner with more labels can therefore take another bucket's job.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use secrecy::SecretString;
+use serde::Serialize;
+use serde_json::json;
+
+use crate::clients::consul::{ConsulKv, ConsulSettings};
+use crate::clients::forgejo::Forgejo;
+use crate::clients::github::{AppCredentials, GitHub, GitHubSettings};
+use crate::clients::http::TlsFiles;
+use crate::clients::nomad::{NomadClient, NomadSettings};
+use crate::clients::vault::{VaultKv, VaultSettings};
+use crate::config::watch::{WatchSettings, spawn as spawn_watcher};
+use crate::config::{Config, ConfigDefaults, Route, parse_document};
+use crate::control_loop::{Controller, Forge, LoopSettings, Services};
+use crate::model::{LabelSet, MANAGED_BY, RepoName};
+use crate::observe::ChildStatus;
+use crate::sim::twins::consul::ConsulTwin;
+use crate::sim::twins::forgejo::ForgejoTwin;
+use crate::sim::twins::github::{GitHubTwin, TEST_APP_ID, TEST_APP_PRIVATE_KEY_PEM, TwinJobStatus};
+use crate::sim::twins::nomad::{NomadTwin, PayloadRule};
+use crate::sim::twins::vault::{VaultPolicy, VaultTwin};
+
+/// The document of BRIEF.md, with the Forgejo URL pointing at the twin.
+const DOCUMENT_TEMPLATE: &str = r#"{
+  "afreidah/munchbox": { "maxConcurrent": 3, "mode": "app" },
+  "alex/s3-orchestrator": {
+    "mode": "forgejo", "forgejoUrl": "FORGEJO_URL",
+    "maxConcurrent": 1, "vaultPath": "forgejo/scaler",
+    "profiles": [ { "job": "forgejo-build-runner", "label": "build", "maxConcurrent": 1 } ]
+  },
+  "ev-the-dev/moat": {
+    "mode": "vault", "vaultPath": "github/moat-poll", "registerVaultPath": "github/moat-runner",
+    "profiles": [
+      { "job": "github-runner-moat-vm", "label": "vm", "maxConcurrent": 1 },
+      { "job": "go-ci-runner", "label": "go", "maxConcurrent": 3 }
+    ]
+  }
+}"#;
+
+const CONFIG_KEY: &str = "runners/config";
+const NOMAD_TOKEN: &str = "sim-nomad-token";
+const VAULT_TOKEN: &str = "sim-vault-token";
+const CONSUL_TOKEN: &str = "sim-consul-token";
+const POLL_TOKEN: &str = "sim-github-poll-token";
+const FORGEJO_TOKEN: &str = "sim-forgejo-api-token";
+
+/// How the world moves. Times are real: the twins talk HTTP on loopback.
+#[derive(Clone, Debug)]
+pub struct WorldOptions {
+    pub seed: u64,
+    /// The daemon's poll interval.
+    pub poll_interval: Duration,
+    /// How often the world moves.
+    pub step: Duration,
+    /// Allocations the cluster can run at once; more children stay pending, unplaced.
+    pub cluster_slots: usize,
+    pub boot_ms: (u64, u64),
+    pub job_ms: (u64, u64),
+    /// An idle runner gives up and exits after this long (the runner's own idle timeout).
+    pub runner_idle_timeout: Duration,
+    /// The run fails if the burst is not served by then.
+    pub deadline: Duration,
+}
+
+impl Default for WorldOptions {
+    fn default() -> Self {
+        WorldOptions {
+            seed: 1,
+            poll_interval: Duration::from_millis(300),
+            step: Duration::from_millis(50),
+            cluster_slots: 6,
+            boot_ms: (300, 1200),
+            job_ms: (800, 2500),
+            runner_idle_timeout: Duration::from_secs(6),
+            deadline: Duration::from_secs(50),
+        }
+    }
+}
+
+/// What a run of the world showed.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct WorldSummary {
+    pub seed: u64,
+    pub jobs_total: usize,
+    pub jobs_served: usize,
+    pub dispatches: usize,
+    pub purges: usize,
+    /// Times a runner took a job of another bucket (a runner with more labels).
+    pub cross_bucket_takes: usize,
+    /// Runners that exited without ever running a job.
+    pub runners_left_idle: usize,
+    /// Highest count of our in-flight children seen, per cap, with the cap.
+    pub in_flight_max: BTreeMap<String, (u32, u32)>,
+    pub cap_violations: Vec<String>,
+    pub ticks: usize,
+    pub wall_time_ms: u128,
+    pub timed_out: bool,
+}
+
+impl WorldSummary {
+    pub fn ok(&self) -> bool {
+        !self.timed_out && self.jobs_served == self.jobs_total && self.cap_violations.is_empty()
+    }
+
+    pub fn render_text(&self) -> String {
+        let mut out = String::new();
+        out.push_str(&format!("\nsimulation summary (seed {})\n", self.seed));
+        out.push_str(&format!(
+            "  jobs served          {}/{}\n",
+            self.jobs_served, self.jobs_total
+        ));
+        out.push_str(&format!("  dispatches           {}\n", self.dispatches));
+        out.push_str(&format!("  purges               {}\n", self.purges));
+        out.push_str(&format!(
+            "  superset takes       {} (a runner with more labels took another bucket's job)\n",
+            self.cross_bucket_takes
+        ));
+        out.push_str(&format!(
+            "  runners left idle    {} (exited on their idle timeout without a job)\n",
+            self.runners_left_idle
+        ));
+        out.push_str("  highest in flight per cap:\n");
+        for (cap, (seen, limit)) in &self.in_flight_max {
+            out.push_str(&format!("    {cap:<44} {seen} of {limit}\n"));
+        }
+        if self.cap_violations.is_empty() {
+            out.push_str("  cap violations       none\n");
+        } else {
+            for v in &self.cap_violations {
+                out.push_str(&format!("  CAP VIOLATION        {v}\n"));
+            }
+        }
+        out.push_str(&format!("  ticks                {}\n", self.ticks));
+        out.push_str(&format!(
+            "  wall time            {} ms\n",
+            self.wall_time_ms
+        ));
+        if self.timed_out {
+            out.push_str("  TIMED OUT before every job was served\n");
+        }
+        out
+    }
+}
+
+/// A runner the world is running, in one child.
+struct Runner {
+    child: String,
+    repo: RepoName,
+    forgejo: bool,
+    labels: LabelSet,
+    name: String,
+    ready_at: Instant,
+    registered: bool,
+    job: Option<(u64, Instant, bool)>,
+    idle_since: Option<Instant>,
+    ran_a_job: bool,
+}
+
+/// The twins and their servers.
+struct Twins {
+    github: GitHubTwin,
+    forgejo: ForgejoTwin,
+    nomad: NomadTwin,
+    consul: ConsulTwin,
+    vault: VaultTwin,
+    servers: Vec<crate::sim::twins::TwinServer>,
+}
+
+async fn start_twins() -> Result<Twins, String> {
+    let io = |e: std::io::Error| format!("start a twin on loopback: {e}");
+    let github = GitHubTwin::new();
+    let forgejo = ForgejoTwin::new();
+    let nomad = NomadTwin::with_seed(1);
+    let consul = ConsulTwin::with_token(CONSUL_TOKEN);
+    let vault = VaultTwin::new();
+    let servers = vec![
+        github.start().await.map_err(io)?,
+        forgejo.serve().await.map_err(io)?,
+        nomad.serve().await.map_err(io)?,
+        crate::sim::twins::TwinServer::start(consul.router())
+            .await
+            .map_err(io)?,
+        vault.serve().await.map_err(io)?,
+    ];
+    Ok(Twins {
+        github,
+        forgejo,
+        nomad,
+        consul,
+        vault,
+        servers,
+    })
+}
+
+fn repo(name: &str) -> RepoName {
+    RepoName::parse(name).expect("a valid repo name")
+}
+
+/// Sets the world up the way an operator would: parents registered, secrets stored, the App
+/// installed, the document written.
+fn provision(twins: &Twins) -> String {
+    let forgejo_url = twins.servers[1].base_url();
+    twins.github.install_app("afreidah");
+    twins.github.add_repo(&repo("afreidah/munchbox"));
+    twins.github.add_repo(&repo("ev-the-dev/moat"));
+    twins.github.add_pat(
+        POLL_TOKEN,
+        "moat-poller",
+        Some(&[repo("ev-the-dev/moat")]),
+        &[("actions", "read")],
+    );
+    twins.forgejo.add_token(FORGEJO_TOKEN);
+    twins.forgejo.add_repo("alex/s3-orchestrator");
+    twins.vault.add_token(
+        VAULT_TOKEN,
+        VaultPolicy::read_only(["secret/data/github/moat-poll", "secret/data/forgejo/scaler"]),
+    );
+    twins
+        .vault
+        .put_secret("secret", "github/moat-poll", json!({ "token": POLL_TOKEN }));
+    twins.vault.put_secret(
+        "secret",
+        "forgejo/scaler",
+        json!({ "token": FORGEJO_TOKEN }),
+    );
+    twins.vault.put_secret(
+        "secret",
+        "github/moat-runner",
+        json!({ "token": "admin-only" }),
+    );
+    twins.nomad.set_acl_token(Some(NOMAD_TOKEN));
+    let optional = ["labels", "managed_by"];
+    // Parents that get a registration token from the daemon.
+    for parent in ["ci-runner", "forgejo-build-runner"] {
+        twins.nomad.register_parent(
+            parent,
+            &["repo_url", "runner_token", "runner_name"],
+            &optional,
+            PayloadRule::Forbidden,
+        );
+    }
+    // Vault-mode parents read their admin token themselves: no runner_token in meta.
+    for parent in ["github-runner-moat-vm", "go-ci-runner"] {
+        twins.nomad.register_parent(
+            parent,
+            &["repo_url", "runner_name"],
+            &optional,
+            PayloadRule::Forbidden,
+        );
+    }
+    let document = DOCUMENT_TEMPLATE.replace("FORGEJO_URL", &forgejo_url);
+    twins.consul.set(CONFIG_KEY, document.clone());
+    document
+}
+
+/// The burst: (repo, labels) per job, GitHub jobs first. The superset pair is in moat: a
+/// `[go, vm]` job whose runner may take the `[go]` job.
+fn burst() -> Vec<(&'static str, Vec<&'static str>)> {
+    let mut jobs = Vec::new();
+    for _ in 0..5 {
+        jobs.push(("afreidah/munchbox", vec!["self-hosted"]));
+    }
+    jobs.push(("ev-the-dev/moat", vec!["self-hosted", "go"]));
+    jobs.push(("ev-the-dev/moat", vec!["self-hosted", "go", "vm"]));
+    for _ in 0..3 {
+        jobs.push(("ev-the-dev/moat", vec!["self-hosted", "go"]));
+    }
+    for _ in 0..3 {
+        jobs.push(("alex/s3-orchestrator", vec!["build"]));
+    }
+    jobs
+}
+
+fn build_daemon(twins: &Twins) -> Result<(Controller, ConsulKv), String> {
+    let timeout = Duration::from_secs(5);
+    let vault = Arc::new(VaultKv::new(VaultSettings {
+        addr: url::Url::parse(&twins.servers[4].base_url()).map_err(|e| e.to_string())?,
+        token: SecretString::from(VAULT_TOKEN),
+        namespace: None,
+        ca_cert: None,
+        mount: "secret".into(),
+    })?);
+    let github = Arc::new(GitHub::new(
+        GitHubSettings {
+            api_url: url::Url::parse(&twins.servers[0].base_url()).map_err(|e| e.to_string())?,
+            app: Some(AppCredentials {
+                app_id: TEST_APP_ID.into(),
+                private_key: SecretString::from(TEST_APP_PRIVATE_KEY_PEM),
+                installation_id: None,
+            }),
+            request_timeout: timeout,
+        },
+        vault.clone(),
+    )?);
+    let forgejo = Arc::new(Forgejo::new(vault, &TlsFiles::default(), timeout)?);
+    let mut nomad_settings = NomadSettings::new(
+        url::Url::parse(&twins.servers[2].base_url()).map_err(|e| e.to_string())?,
+    );
+    nomad_settings.token = Some(SecretString::from(NOMAD_TOKEN));
+    let nomad = Arc::new(NomadClient::new(nomad_settings, timeout)?);
+    let consul = ConsulKv::new(
+        &ConsulSettings {
+            address: twins.servers[3].base_url(),
+            token: Some(SecretString::from(CONSUL_TOKEN)),
+            ca_cert: None,
+            client_cert: None,
+            client_key: None,
+        },
+        CONFIG_KEY,
+    )?;
+    let services = Services {
+        github: Some(Forge {
+            queue: github.clone(),
+            registrar: github,
+        }),
+        forgejo: Some(Forge {
+            queue: forgejo.clone(),
+            registrar: forgejo,
+        }),
+        children: nomad.clone(),
+        control: nomad,
+    };
+    Ok((
+        Controller::new(
+            services,
+            LoopSettings::default(),
+            Box::new(StdRng::from_os_rng()),
+        ),
+        consul,
+    ))
+}
+
+/// Runs the demo world once and reports what it showed.
+pub async fn run_world(options: WorldOptions) -> Result<WorldSummary, String> {
+    let started = Instant::now();
+    let mut rng = StdRng::seed_from_u64(options.seed);
+    let twins = start_twins().await?;
+    let document = provision(&twins);
+    let config: Config = parse_document(document.as_bytes(), &ConfigDefaults::default())
+        .map_err(|errors| format!("the demo document is invalid: {errors:?}"))?;
+
+    let (mut controller, consul) = build_daemon(&twins)?;
+    controller.settings.poll_interval = options.poll_interval;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let shutdown = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let (config_rx, watcher) = spawn_watcher(
+        consul,
+        ConfigDefaults::default(),
+        WatchSettings {
+            wait: Duration::from_secs(2),
+            ..WatchSettings::default()
+        },
+        shutdown(stop_rx.clone()),
+    );
+    let daemon = tokio::spawn({
+        let shutdown = shutdown(stop_rx.clone());
+        async move {
+            crate::control_loop::run(controller, config_rx, &crate::clock::SystemClock, shutdown)
+                .await;
+        }
+    });
+
+    // The burst arrives at once.
+    let mut github_jobs: BTreeMap<(RepoName, u64), LabelSet> = BTreeMap::new();
+    let mut forgejo_jobs: BTreeMap<u64, LabelSet> = BTreeMap::new();
+    for (name, labels) in burst() {
+        let labels_set = LabelSet::parse(&labels).expect("burst labels are valid");
+        if name == "alex/s3-orchestrator" {
+            let id = twins.forgejo.add_job(name, "build", &labels);
+            forgejo_jobs.insert(id, labels_set);
+        } else {
+            let ids = twins.github.add_run(&repo(name), vec![labels]);
+            github_jobs.insert((repo(name), ids.job_ids[0]), labels_set);
+        }
+    }
+    let jobs_total = github_jobs.len() + forgejo_jobs.len();
+
+    let mut summary = WorldSummary {
+        seed: options.seed,
+        jobs_total,
+        ..WorldSummary::default()
+    };
+    let mut runners: BTreeMap<String, Runner> = BTreeMap::new();
+    let mut seen_children: BTreeSet<String> = BTreeSet::new();
+    let mut served: BTreeSet<(String, u64)> = BTreeSet::new();
+    let parents = config.parents();
+    let mut in_flight_seen = 0usize;
+
+    loop {
+        tokio::time::sleep(options.step).await;
+        let now = Instant::now();
+
+        // Nomad: children appear when dispatched and disappear when purged.
+        let mut children = Vec::new();
+        for parent in &parents {
+            children.extend(twins.nomad.children(parent));
+        }
+        let present: BTreeSet<String> = children.iter().map(|c| c.id.clone()).collect();
+        for c in &children {
+            if seen_children.insert(c.id.clone())
+                && c.meta.get("managed_by").map(String::as_str) == Some(MANAGED_BY)
+            {
+                summary.dispatches += 1;
+            }
+        }
+        summary.purges = seen_children.difference(&present).count();
+
+        // Caps, counting every in-flight child of ours, placed or not.
+        check_caps(&config, &children, &mut summary);
+        in_flight_seen = in_flight_seen.max(
+            children
+                .iter()
+                .filter(|c| c.status != ChildStatus::Dead)
+                .count(),
+        );
+
+        // The cluster places pending children while it has room.
+        let running = runners.len();
+        let mut room = options.cluster_slots.saturating_sub(running);
+        for c in &children {
+            if c.status != ChildStatus::Pending || runners.contains_key(&c.id) || room == 0 {
+                continue;
+            }
+            let (Some(repo_url), Some(labels), Some(name)) = (
+                c.meta.get("repo_url"),
+                c.meta.get("labels"),
+                c.meta.get("runner_name"),
+            ) else {
+                continue;
+            };
+            let Some(repo_name) = repo_url
+                .rsplitn(3, '/')
+                .collect::<Vec<_>>()
+                .get(..2)
+                .map(|p| format!("{}/{}", p[1], p[0]))
+                .and_then(|r| RepoName::parse(&r))
+            else {
+                continue;
+            };
+            let _ = twins.nomad.place(&c.id);
+            room -= 1;
+            let boot = rng.random_range(options.boot_ms.0..=options.boot_ms.1);
+            runners.insert(
+                c.id.clone(),
+                Runner {
+                    child: c.id.clone(),
+                    forgejo: repo_name.to_string() == "alex/s3-orchestrator",
+                    repo: repo_name,
+                    labels: LabelSet::from_meta(labels).unwrap_or_default(),
+                    name: name.clone(),
+                    ready_at: now + Duration::from_millis(boot),
+                    registered: false,
+                    job: None,
+                    idle_since: None,
+                    ran_a_job: false,
+                },
+            );
+        }
+
+        // Runners boot, register, take work the way the forge hands it out, and exit.
+        let mut exited = Vec::new();
+        for runner in runners.values_mut() {
+            if now < runner.ready_at {
+                continue;
+            }
+            if !runner.registered {
+                runner.registered = true;
+                runner.idle_since = Some(now);
+                if !runner.forgejo {
+                    let labels: Vec<&str> = runner.labels.iter().collect();
+                    twins
+                        .github
+                        .register_runner(&runner.repo, &runner.name, &labels);
+                }
+            }
+            match runner.job {
+                Some((job, until, started)) if now >= until => {
+                    if runner.forgejo {
+                        if !started {
+                            twins.forgejo.start(job);
+                            runner.job = Some((job, now + job_duration(&mut rng, &options), true));
+                            continue;
+                        }
+                        twins.forgejo.finish(job);
+                    } else {
+                        let _ = twins.github.complete_job(&runner.repo, job, "success");
+                        twins.github.remove_runner(&runner.repo, &runner.name);
+                    }
+                    served.insert((runner.repo.to_string(), job));
+                    exited.push(runner.child.clone());
+                }
+                Some(_) => {}
+                None => {
+                    let taken = if runner.forgejo {
+                        take_forgejo_job(&twins, runner, &forgejo_jobs)
+                    } else {
+                        take_github_job(&twins, runner, &github_jobs)
+                    };
+                    match taken {
+                        Some((job, job_labels)) => {
+                            if job_labels != runner.labels {
+                                summary.cross_bucket_takes += 1;
+                            }
+                            runner.ran_a_job = true;
+                            // Forgejo: the claimed job still reads `waiting` for a step.
+                            let until = if runner.forgejo {
+                                now + options.step
+                            } else {
+                                now + job_duration(&mut rng, &options)
+                            };
+                            runner.job = Some((job, until, !runner.forgejo));
+                        }
+                        None => {
+                            if runner
+                                .idle_since
+                                .is_some_and(|since| now - since >= options.runner_idle_timeout)
+                            {
+                                if !runner.forgejo {
+                                    twins.github.remove_runner(&runner.repo, &runner.name);
+                                }
+                                summary.runners_left_idle += 1;
+                                exited.push(runner.child.clone());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for child in exited {
+            runners.remove(&child);
+            let _ = twins.nomad.finish(&child, true);
+        }
+
+        let in_flight_now = children
+            .iter()
+            .filter(|c| c.status != ChildStatus::Dead && present.contains(&c.id))
+            .count();
+        if served.len() == jobs_total && in_flight_now == 0 && runners.is_empty() {
+            // One more poll so the last purges and the idle tick line are seen.
+            tokio::time::sleep(options.poll_interval * 2).await;
+            break;
+        }
+        if started.elapsed() > options.deadline {
+            summary.timed_out = true;
+            break;
+        }
+    }
+
+    let _ = stop_tx.send(true);
+    let _ = daemon.await;
+    let _ = watcher.await;
+    let mut final_children = Vec::new();
+    for parent in &parents {
+        final_children.extend(twins.nomad.children(parent));
+    }
+    let present: BTreeSet<String> = final_children.iter().map(|c| c.id.clone()).collect();
+    summary.purges = seen_children.difference(&present).count();
+    summary.jobs_served = served.len();
+    summary.ticks =
+        (started.elapsed().as_millis() / options.poll_interval.as_millis().max(1)) as usize;
+    summary.wall_time_ms = started.elapsed().as_millis();
+    let _ = in_flight_seen;
+    Ok(summary)
+}
+
+fn job_duration(rng: &mut StdRng, options: &WorldOptions) -> Duration {
+    Duration::from_millis(rng.random_range(options.job_ms.0..=options.job_ms.1))
+}
+
+/// GitHub gives an idle runner the oldest queued job whose labels are all among its own.
+fn take_github_job(
+    twins: &Twins,
+    runner: &Runner,
+    jobs: &BTreeMap<(RepoName, u64), LabelSet>,
+) -> Option<(u64, LabelSet)> {
+    let candidate = jobs
+        .iter()
+        .filter(|((repo, _), labels)| repo == &runner.repo && labels.is_subset(&runner.labels))
+        .find(|((repo, id), _)| {
+            twins
+                .github
+                .job_status(repo, *id)
+                .is_some_and(|j| j.status == TwinJobStatus::Queued)
+        })?;
+    let ((repo, id), labels) = candidate;
+    twins.github.start_job(repo, *id, &runner.name).ok()?;
+    Some((*id, labels.clone()))
+}
+
+/// Forgejo: a runner claims a waiting job whose labels it carries.
+fn take_forgejo_job(
+    twins: &Twins,
+    runner: &Runner,
+    jobs: &BTreeMap<u64, LabelSet>,
+) -> Option<(u64, LabelSet)> {
+    let waiting: BTreeSet<u64> = twins
+        .forgejo
+        .jobs()
+        .into_iter()
+        .filter(|j| j.task_id == 0)
+        .map(|j| j.id)
+        .collect();
+    let (id, labels) = jobs
+        .iter()
+        .find(|(id, labels)| waiting.contains(id) && labels.is_subset(&runner.labels))?;
+    twins.forgejo.claim(*id);
+    Some((*id, labels.clone()))
+}
+
+fn check_caps(
+    config: &Config,
+    children: &[crate::sim::twins::nomad::TwinJob],
+    summary: &mut WorldSummary,
+) {
+    let mut per_repo: BTreeMap<String, u32> = BTreeMap::new();
+    let mut per_profile: BTreeMap<String, u32> = BTreeMap::new();
+    for c in children {
+        if c.status == ChildStatus::Dead
+            || c.meta.get("managed_by").map(String::as_str) != Some(MANAGED_BY)
+        {
+            continue;
+        }
+        let Some(repo_config) = c.meta.get("repo_url").and_then(|url| {
+            config
+                .repos
+                .values()
+                .find(|r| url.ends_with(&format!("/{}", r.repo)))
+        }) else {
+            continue;
+        };
+        *per_repo.entry(repo_config.repo.to_string()).or_default() += 1;
+        if let Some(labels) = c
+            .meta
+            .get("labels")
+            .and_then(|l| LabelSet::from_meta(l).ok())
+            && let Ok(Route {
+                profile: Some(index),
+                ..
+            }) = repo_config.route(&labels)
+        {
+            let key = format!(
+                "{} profile {}",
+                repo_config.repo, repo_config.profiles[index].label
+            );
+            *per_profile.entry(key).or_default() += 1;
+        }
+    }
+    for repo_config in config.repos.values() {
+        let name = repo_config.repo.to_string();
+        let seen = per_repo.get(&name).copied().unwrap_or(0);
+        record(
+            summary,
+            format!("{name} repo"),
+            seen,
+            repo_config.max_concurrent,
+        );
+        for profile in &repo_config.profiles {
+            if let Some(cap) = profile.max_concurrent {
+                let key = format!("{name} profile {}", profile.label);
+                let seen = per_profile.get(&key).copied().unwrap_or(0);
+                record(summary, key, seen, cap);
+            }
+        }
+    }
+}
+
+fn record(summary: &mut WorldSummary, key: String, seen: u32, cap: u32) {
+    let entry = summary.in_flight_max.entry(key.clone()).or_insert((0, cap));
+    entry.0 = entry.0.max(seen);
+    if seen > cap {
+        summary
+            .cap_violations
+            .push(format!("{key}: {seen} in flight, cap {cap}"));
+    }
+}
