@@ -128,6 +128,10 @@ pub struct DaemonArgs {
     pub consul_http_addr: String,
     #[arg(long, env = "CONSUL_CACERT", hide_env_values = true)]
     pub consul_cacert: Option<PathBuf>,
+    #[arg(long, env = "CONSUL_CLIENT_CERT", hide_env_values = true)]
+    pub consul_client_cert: Option<PathBuf>,
+    #[arg(long, env = "CONSUL_CLIENT_KEY", hide_env_values = true)]
+    pub consul_client_key: Option<PathBuf>,
     /// The Consul KV key of the document.
     #[arg(
         long,

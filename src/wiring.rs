@@ -116,8 +116,8 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
             address: args.consul_http_addr.clone(),
             token: read_secret("CONSUL_HTTP_TOKEN")?,
             ca_cert: args.consul_cacert.clone(),
-            client_cert: std::env::var_os("CONSUL_CLIENT_CERT").map(Into::into),
-            client_key: std::env::var_os("CONSUL_CLIENT_KEY").map(Into::into),
+            client_cert: args.consul_client_cert.clone(),
+            client_key: args.consul_client_key.clone(),
         },
         &args.runner_scaler_config_key,
     )?;
