@@ -1,60 +1,12 @@
 //! The control loop over in-memory ports: the traces every operator should see.
 
-use std::sync::Arc;
+mod support;
 
-use chrono::{DateTime, Duration, TimeZone, Utc};
-use rand::SeedableRng;
-use runner_scaler::config::{Config, Mode, Profile, RepoConfig};
-use runner_scaler::control_loop::{Controller, Forge, LoopSettings, Services};
-use runner_scaler::model::RepoName;
+use chrono::Duration;
+use runner_scaler::config::Profile;
 use runner_scaler::observe::ChildStatus;
 use runner_scaler::sim::memory::MemoryWorld;
-
-fn t0() -> DateTime<Utc> {
-    Utc.with_ymd_and_hms(2026, 11, 30, 21, 1, 1).unwrap()
-}
-
-fn repo(name: &str) -> RepoName {
-    RepoName::parse(name).unwrap()
-}
-
-fn config(repos: &[(&str, u32)]) -> Config {
-    let mut config = Config::default();
-    for (name, cap) in repos {
-        config.repos.insert(
-            repo(name),
-            RepoConfig {
-                repo: repo(name),
-                mode: Mode::App,
-                max_concurrent: *cap,
-                profiles: vec![],
-                default_job: Some("ci-runner".into()),
-                labels: None,
-            },
-        );
-    }
-    config
-}
-
-fn controller(world: &MemoryWorld) -> Controller {
-    let forge = || Forge {
-        queue: Arc::new(world.clone()),
-        registrar: Arc::new(world.clone()),
-    };
-    Controller::new(
-        Services {
-            github: Some(forge()),
-            forgejo: Some(forge()),
-            children: Arc::new(world.clone()),
-            control: Arc::new(world.clone()),
-        },
-        LoopSettings::default(),
-        Box::new(rand::rngs::StdRng::seed_from_u64(7)),
-    )
-}
-
-const SH: &[&str] = &["self-hosted"];
-
+use support::memory_loop::{SH, app_config as config, controller, repo, t0};
 #[tokio::test]
 async fn a_full_cluster_causes_no_extra_dispatches_tick_after_tick() {
     let world = MemoryWorld::new(t0());

@@ -4,61 +4,10 @@
 
 mod support;
 
-use std::sync::Arc;
-
-use chrono::{DateTime, Duration, TimeZone, Utc};
-use rand::SeedableRng;
-use runner_scaler::config::{Config, Mode, RepoConfig};
-use runner_scaler::control_loop::{Controller, Forge, LoopSettings, Services};
-use runner_scaler::model::RepoName;
+use chrono::Duration;
 use runner_scaler::sim::memory::MemoryWorld;
 use support::LogCapture;
-
-fn t0() -> DateTime<Utc> {
-    Utc.with_ymd_and_hms(2026, 11, 30, 21, 1, 1).unwrap()
-}
-
-fn repo(name: &str) -> RepoName {
-    RepoName::parse(name).unwrap()
-}
-
-fn config(repos: &[(&str, u32)]) -> Config {
-    let mut config = Config::default();
-    for (name, cap) in repos {
-        config.repos.insert(
-            repo(name),
-            RepoConfig {
-                repo: repo(name),
-                mode: Mode::App,
-                max_concurrent: *cap,
-                profiles: vec![],
-                default_job: Some("ci-runner".into()),
-                labels: None,
-            },
-        );
-    }
-    config
-}
-
-fn controller(world: &MemoryWorld) -> Controller {
-    let forge = || Forge {
-        queue: Arc::new(world.clone()),
-        registrar: Arc::new(world.clone()),
-    };
-    Controller::new(
-        Services {
-            github: Some(forge()),
-            forgejo: Some(forge()),
-            children: Arc::new(world.clone()),
-            control: Arc::new(world.clone()),
-        },
-        LoopSettings::default(),
-        Box::new(rand::rngs::StdRng::seed_from_u64(7)),
-    )
-}
-
-const SH: &[&str] = &["self-hosted"];
-
+use support::memory_loop::{SH, app_config as config, controller, repo, t0};
 #[tokio::test]
 async fn a_queued_job_is_served_once_and_its_child_purged() {
     let logs = LogCapture::default();

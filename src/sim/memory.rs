@@ -322,3 +322,19 @@ impl ChildControl for MemoryWorld {
         Ok(())
     }
 }
+
+impl MemoryWorld {
+    /// Every port of the loop served by this world (it plays GitHub, Forgejo and Nomad).
+    pub fn services(&self) -> crate::control_loop::Services {
+        let forge = || crate::control_loop::Forge {
+            queue: Arc::new(self.clone()),
+            registrar: Arc::new(self.clone()),
+        };
+        crate::control_loop::Services {
+            github: Some(forge()),
+            forgejo: Some(forge()),
+            children: Arc::new(self.clone()),
+            control: Arc::new(self.clone()),
+        }
+    }
+}

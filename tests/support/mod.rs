@@ -6,6 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use tracing_subscriber::fmt::MakeWriter;
 
+pub mod memory_loop;
+
 /// Everything written by a tracing subscriber, kept in memory.
 #[derive(Clone, Default)]
 pub struct LogCapture(Arc<Mutex<Vec<u8>>>);
