@@ -1,6 +1,8 @@
 //! Shared by the integration tests: capturing what the daemon logs.
 #![allow(dead_code)]
 
+pub mod twins;
+
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 

@@ -1,0 +1,378 @@
+//! Twins of all five services on loopback, provisioned the way an operator would (parents
+//! registered, secrets stored, the App installed), and the real daemon's clients pointed at
+//! them: shared by `cli.rs` and the `loop_over_twins*.rs` tests.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::Request;
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use rand::SeedableRng;
+use runner_scaler::clients::forgejo::Forgejo;
+use runner_scaler::clients::github::{AppCredentials, GitHub, GitHubSettings};
+use runner_scaler::clients::http::TlsFiles;
+use runner_scaler::clients::nomad::{NomadClient, NomadSettings};
+use runner_scaler::clients::vault::{VaultKv, VaultSettings};
+use runner_scaler::config::{Config, ConfigDefaults, parse_document};
+use runner_scaler::control_loop::{Controller, Forge, LoopSettings, Services};
+use runner_scaler::model::RepoName;
+use runner_scaler::sim::twins::TwinServer;
+use runner_scaler::sim::twins::consul::ConsulTwin;
+use runner_scaler::sim::twins::forgejo::ForgejoTwin;
+use runner_scaler::sim::twins::github::{GitHubTwin, TEST_APP_ID, TEST_APP_PRIVATE_KEY_PEM};
+use runner_scaler::sim::twins::nomad::{NomadTwin, PayloadRule, TwinJob};
+use runner_scaler::sim::twins::vault::{VaultPolicy, VaultTwin};
+use secrecy::SecretString;
+use serde_json::json;
+
+pub const CONFIG_KEY: &str = "runners/config";
+pub const NOMAD_TOKEN: &str = "twin-nomad-token-7f3a";
+pub const VAULT_TOKEN: &str = "twin-vault-token-91c2";
+pub const CONSUL_TOKEN: &str = "twin-consul-token-5d8e";
+pub const POLL_TOKEN: &str = "twin-github-poll-token-2b6f";
+pub const FORGEJO_TOKEN: &str = "twin-forgejo-api-token-c4e1";
+
+/// The document of BRIEF.md ("The configuration users edit"), the Forgejo URL left as a
+/// placeholder for the twin's address.
+pub const BRIEF_DOCUMENT_TEMPLATE: &str = r#"{
+  "afreidah/munchbox": { "maxConcurrent": 3, "mode": "app" },
+  "alex/s3-orchestrator": {
+    "mode": "forgejo", "forgejoUrl": "FORGEJO_URL",
+    "maxConcurrent": 1, "vaultPath": "forgejo/scaler",
+    "profiles": [ { "job": "forgejo-build-runner", "label": "build", "maxConcurrent": 1 } ]
+  },
+  "ev-the-dev/moat": {
+    "mode": "vault", "vaultPath": "github/moat-poll", "registerVaultPath": "github/moat-runner",
+    "profiles": [
+      { "job": "github-runner-moat-vm", "label": "vm", "maxConcurrent": 1 },
+      { "job": "go-ci-runner", "label": "go", "maxConcurrent": 3 }
+    ]
+  }
+}"#;
+
+/// Meta a parent that gets a registration token from the daemon requires.
+pub const TOKEN_PARENT_META_REQUIRED: &[&str] = &["repo_url", "runner_token", "runner_name"];
+/// Meta every runner parent permits on top of its required keys.
+pub const PARENT_META_OPTIONAL: &[&str] = &["labels", "managed_by"];
+
+pub fn repo(name: &str) -> RepoName {
+    RepoName::parse(name).expect("a valid repo name")
+}
+
+/// Parses a document with the default process settings; panics on a problem.
+pub fn config(document: &str) -> Config {
+    parse_document(document.as_bytes(), &ConfigDefaults::default())
+        .unwrap_or_else(|problems| panic!("the test document is invalid: {problems:?}"))
+}
+
+/// Answers chosen GitHub repos' routes with an error status instead of the twin, as a GitHub
+/// outage or a revoked grant that touches one repo only would.
+#[derive(Clone, Default)]
+pub struct GitHubFaults(Arc<Mutex<FaultState>>);
+
+#[derive(Default)]
+struct FaultState {
+    /// Path prefix → the status answered.
+    failing: BTreeMap<String, StatusCode>,
+    /// Requests answered with a fault, per path prefix.
+    hits: BTreeMap<String, usize>,
+}
+
+fn actions_prefix(repo: &RepoName) -> String {
+    format!("/repos/{repo}/actions/")
+}
+
+impl GitHubFaults {
+    /// Every `/repos/<repo>/actions/…` request (the token-authenticated routes: runs, jobs,
+    /// runners, registration tokens) answers `status` until [`GitHubFaults::heal`].
+    pub fn fail_repo(&self, repo: &RepoName, status: StatusCode) {
+        self.0
+            .lock()
+            .unwrap()
+            .failing
+            .insert(actions_prefix(repo), status);
+    }
+
+    pub fn heal(&self, repo: &RepoName) {
+        self.0.lock().unwrap().failing.remove(&actions_prefix(repo));
+    }
+
+    /// Requests to `repo` answered with a fault so far.
+    pub fn hits(&self, repo: &RepoName) -> usize {
+        self.0
+            .lock()
+            .unwrap()
+            .hits
+            .get(&actions_prefix(repo))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn status_for(&self, path: &str) -> Option<StatusCode> {
+        let path = path.to_ascii_lowercase();
+        let mut state = self.0.lock().unwrap();
+        let (prefix, status) = state
+            .failing
+            .iter()
+            .find(|(prefix, _)| path.starts_with(prefix.as_str()))
+            .map(|(prefix, status)| (prefix.clone(), *status))?;
+        *state.hits.entry(prefix).or_default() += 1;
+        Some(status)
+    }
+}
+
+async fn github_fault_layer(faults: GitHubFaults, request: Request, next: Next) -> Response {
+    match faults.status_for(request.uri().path()) {
+        Some(status) => {
+            let message = match status {
+                StatusCode::UNAUTHORIZED => "Bad credentials",
+                _ => "Server Error",
+            };
+            (
+                status,
+                [("content-type", "application/json; charset=utf-8")],
+                json!({
+                    "message": message,
+                    "documentation_url": "https://docs.github.com/rest"
+                })
+                .to_string(),
+            )
+                .into_response()
+        }
+        None => next.run(request).await,
+    }
+}
+
+/// The five twins and their servers.
+pub struct Twins {
+    pub github: GitHubTwin,
+    pub github_faults: GitHubFaults,
+    pub forgejo: ForgejoTwin,
+    pub nomad: NomadTwin,
+    pub consul: ConsulTwin,
+    pub vault: VaultTwin,
+    pub github_server: TwinServer,
+    pub forgejo_server: TwinServer,
+    pub nomad_server: TwinServer,
+    pub consul_server: TwinServer,
+    pub vault_server: TwinServer,
+}
+
+impl Twins {
+    /// Starts every twin on loopback, ACLs on (Nomad, Consul, Vault demand their tokens), and
+    /// accepts the daemon's credentials. Nothing else is provisioned.
+    pub async fn start() -> Twins {
+        let github = GitHubTwin::new();
+        let github_faults = GitHubFaults::default();
+        let forgejo = ForgejoTwin::new();
+        let nomad = NomadTwin::with_seed(1);
+        let consul = ConsulTwin::with_token(CONSUL_TOKEN);
+        let vault = VaultTwin::new();
+        let github_router = github.router().layer(middleware::from_fn({
+            let faults = github_faults.clone();
+            move |request: Request, next: Next| github_fault_layer(faults.clone(), request, next)
+        }));
+        let start = |router| async { TwinServer::start(router).await.expect("serve a twin") };
+        let twins = Twins {
+            github_server: start(github_router).await,
+            forgejo_server: forgejo.serve().await.expect("serve the Forgejo twin"),
+            nomad_server: nomad.serve().await.expect("serve the Nomad twin"),
+            consul_server: start(consul.router()).await,
+            vault_server: vault.serve().await.expect("serve the Vault twin"),
+            github,
+            github_faults,
+            forgejo,
+            nomad,
+            consul,
+            vault,
+        };
+        twins.nomad.set_acl_token(Some(NOMAD_TOKEN));
+        twins.vault.add_token(
+            VAULT_TOKEN,
+            VaultPolicy::read_only(["secret/data/github/moat-poll", "secret/data/forgejo/scaler"]),
+        );
+        twins
+    }
+
+    /// Registers a runner parent that receives a registration token in its meta.
+    pub fn register_token_parent(&self, parent: &str) {
+        self.nomad.register_parent(
+            parent,
+            TOKEN_PARENT_META_REQUIRED,
+            PARENT_META_OPTIONAL,
+            PayloadRule::Forbidden,
+        );
+    }
+
+    /// An app-mode repo whose owner has the App installed.
+    pub fn add_app_repo(&self, name: &str) -> RepoName {
+        let repo = repo(name);
+        self.github.install_app(repo.owner());
+        self.github.add_repo(&repo);
+        repo
+    }
+
+    /// The world of BRIEF.md, as `sim::world` provisions it: the three repos, their secrets
+    /// in Vault, their parents in Nomad, and the document in Consul. Returns the document.
+    pub fn provision_brief_world(&self) -> String {
+        self.add_app_repo("afreidah/munchbox");
+        self.github.add_repo(&repo("ev-the-dev/moat"));
+        self.github.add_pat(
+            POLL_TOKEN,
+            "moat-poller",
+            Some(&[repo("ev-the-dev/moat")]),
+            &[("actions", "read")],
+        );
+        self.forgejo.add_token(FORGEJO_TOKEN);
+        self.forgejo.add_repo("alex/s3-orchestrator");
+        self.vault
+            .put_secret("secret", "github/moat-poll", json!({ "token": POLL_TOKEN }));
+        self.vault.put_secret(
+            "secret",
+            "forgejo/scaler",
+            json!({ "token": FORGEJO_TOKEN }),
+        );
+        self.vault.put_secret(
+            "secret",
+            "github/moat-runner",
+            json!({ "token": "admin-only" }),
+        );
+        for parent in ["ci-runner", "forgejo-build-runner"] {
+            self.register_token_parent(parent);
+        }
+        // Vault-mode parents read their admin token themselves: no runner_token in meta.
+        for parent in ["github-runner-moat-vm", "go-ci-runner"] {
+            self.nomad.register_parent(
+                parent,
+                &["repo_url", "runner_name"],
+                PARENT_META_OPTIONAL,
+                PayloadRule::Forbidden,
+            );
+        }
+        let document =
+            BRIEF_DOCUMENT_TEMPLATE.replace("FORGEJO_URL", &self.forgejo_server.base_url());
+        self.consul.set(CONFIG_KEY, document.clone());
+        document
+    }
+
+    /// The children of `parent` that carry our marker.
+    pub fn our_children(&self, parent: &str) -> Vec<TwinJob> {
+        self.nomad
+            .children(parent)
+            .into_iter()
+            .filter(|c| c.meta.get("managed_by").map(String::as_str) == Some("runner-scaler"))
+            .collect()
+    }
+
+    /// Dispatch requests Nomad received for `parent` so far.
+    pub fn dispatch_requests(&self, parent: &str) -> usize {
+        let path = format!("/v1/job/{parent}/dispatch");
+        self.nomad
+            .requests()
+            .iter()
+            .filter(|r| r.method == "POST" && r.path == path)
+            .count()
+    }
+
+    /// The environment `runner-scaler run|once|status` needs to reach every twin.
+    pub fn daemon_env(&self, app_key_file: &Path) -> Vec<(&'static str, String)> {
+        vec![
+            ("NOMAD_ADDR", self.nomad_server.base_url()),
+            ("NOMAD_TOKEN", NOMAD_TOKEN.into()),
+            ("CONSUL_HTTP_ADDR", self.consul_server.base_url()),
+            ("CONSUL_HTTP_TOKEN", CONSUL_TOKEN.into()),
+            ("VAULT_ADDR", self.vault_server.base_url()),
+            ("VAULT_TOKEN", VAULT_TOKEN.into()),
+            ("GITHUB_API_URL", self.github_server.base_url()),
+            ("GITHUB_APP_ID", TEST_APP_ID.into()),
+            (
+                "GITHUB_APP_PRIVATE_KEY_FILE",
+                app_key_file.display().to_string(),
+            ),
+        ]
+    }
+
+    /// A controller with the real clients pointed at the twins, as `wiring::build` makes it.
+    pub fn controller(&self) -> Controller {
+        let url = |server: &TwinServer| url::Url::parse(&server.base_url()).expect("a URL");
+        let timeout = Duration::from_secs(5);
+        let vault = Arc::new(
+            VaultKv::new(VaultSettings {
+                addr: url(&self.vault_server),
+                token: SecretString::from(VAULT_TOKEN),
+                namespace: None,
+                ca_cert: None,
+                mount: "secret".into(),
+            })
+            .expect("the Vault client"),
+        );
+        let github = Arc::new(
+            GitHub::new(
+                GitHubSettings {
+                    api_url: url(&self.github_server),
+                    app: Some(AppCredentials {
+                        app_id: TEST_APP_ID.into(),
+                        private_key: SecretString::from(TEST_APP_PRIVATE_KEY_PEM),
+                        installation_id: None,
+                    }),
+                    request_timeout: timeout,
+                },
+                vault.clone(),
+            )
+            .expect("the GitHub client"),
+        );
+        let forgejo = Arc::new(
+            Forgejo::new(vault, &TlsFiles::default(), timeout).expect("the Forgejo client"),
+        );
+        let mut nomad_settings = NomadSettings::new(url(&self.nomad_server));
+        nomad_settings.token = Some(SecretString::from(NOMAD_TOKEN));
+        let nomad = Arc::new(NomadClient::new(nomad_settings, timeout).expect("the Nomad client"));
+        Controller::new(
+            Services {
+                github: Some(Forge {
+                    queue: github.clone(),
+                    registrar: github,
+                }),
+                forgejo: Some(Forge {
+                    queue: forgejo.clone(),
+                    registrar: forgejo,
+                }),
+                children: nomad.clone(),
+                control: nomad,
+            },
+            LoopSettings::default(),
+            Box::new(rand::rngs::StdRng::seed_from_u64(7)),
+        )
+    }
+}
+
+/// A file under the system temp directory, unique to this process and call, removed on drop.
+pub struct TempFile(pub PathBuf);
+
+impl TempFile {
+    pub fn with_contents(tag: &str, contents: &str) -> TempFile {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "runner-scaler-test-{}-{}-{tag}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::write(&path, contents).expect("write a temp file");
+        TempFile(path)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
