@@ -38,8 +38,10 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the daemon: a tick at start, then one every --poll-interval.
+    #[command(after_help = SECRETS_HELP)]
     Run(Box<DaemonArgs>),
     /// Run one tick and exit.
+    #[command(after_help = SECRETS_HELP)]
     Once {
         #[command(flatten)]
         daemon: Box<DaemonArgs>,
@@ -51,6 +53,7 @@ pub enum Command {
         json: bool,
     },
     /// Show, per bucket, what is queued and in flight and why nothing was dispatched.
+    #[command(after_help = SECRETS_HELP)]
     Status {
         #[command(flatten)]
         daemon: Box<DaemonArgs>,

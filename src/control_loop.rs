@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use rand::RngCore;
 use tracing::{debug, error, warn};
 
@@ -514,9 +514,17 @@ pub async fn run(
             }
             applied = Some(version);
         }
-        // The tick runs to its end even if shutdown is asked meanwhile.
-        controller
-            .tick(&document, version, clock.now(), false)
-            .await;
+        // The tick runs to its end even if shutdown is asked meanwhile. A panic inside it (a
+        // bug met by some input) costs that tick, not the daemon: the next tick starts from
+        // a fresh observation.
+        let tick = controller.tick(&document, version, clock.now(), false);
+        if let Err(panic) = std::panic::AssertUnwindSafe(tick).catch_unwind().await {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            error!("tick aborted by a bug: {what}; the next tick starts afresh");
+        }
     }
 }

@@ -84,6 +84,12 @@ impl fmt::Display for LabelRejection {
     }
 }
 
+/// At most `max` characters of `text`. Cutting a `String` at a byte count panics inside a
+/// multi-byte character, and what is cut here is untrusted input (labels, error bodies).
+pub fn clip_chars(text: &str, max: usize) -> String {
+    text.chars().take(max).collect()
+}
+
 /// True when `label` (already lower-cased and trimmed) matches `^[a-z0-9][a-z0-9._:-]{0,63}$`.
 pub fn is_valid_label(label: &str) -> bool {
     let mut chars = label.chars();
@@ -104,9 +110,9 @@ impl LabelSet {
         for label in raw {
             let label = label.as_ref().trim().to_ascii_lowercase();
             if !is_valid_label(&label) {
-                let mut shown = label;
-                shown.truncate(80);
-                return Err(LabelRejection::Invalid { label: shown });
+                return Err(LabelRejection::Invalid {
+                    label: clip_chars(&label, 80),
+                });
             }
             set.insert(label);
             if set.len() > LABELS_PER_JOB_MAX {
@@ -279,6 +285,17 @@ mod tests {
             );
         }
         assert!(LabelSet::parse(&["a".repeat(64)]).is_ok());
+    }
+
+    #[test]
+    fn long_non_ascii_labels_are_rejected_not_a_panic() {
+        let label = format!("a{}", "é".repeat(50));
+        match LabelSet::parse(&["self-hosted", label.as_str()]) {
+            Err(LabelRejection::Invalid { label: shown }) => {
+                assert_eq!(shown.chars().count(), 51)
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

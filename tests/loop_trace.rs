@@ -116,3 +116,75 @@ async fn a_parent_that_left_the_document_is_listed_until_its_children_are_gone()
         "the dead vm-runner child was not purged"
     );
 }
+
+/// A queue source whose first call panics, as a bug met by some input would.
+struct PanicsOnce {
+    inner: MemoryWorld,
+    panicked: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl runner_scaler::observe::QueueSource for PanicsOnce {
+    async fn list_jobs(
+        &self,
+        repo: &runner_scaler::config::RepoConfig,
+    ) -> Result<runner_scaler::observe::RepoJobs, runner_scaler::observe::PortError> {
+        if !self
+            .panicked
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            panic!("a bug met by some input");
+        }
+        self.inner.list_jobs(repo).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_tick_costs_only_that_tick() {
+    use runner_scaler::config::watch::ConfigState;
+    use std::sync::Arc;
+
+    let world = MemoryWorld::new(t0());
+    world.queue_job(&repo("acme/api"), SH);
+    let mut services = world.services();
+    services.github = Some(runner_scaler::control_loop::Forge {
+        queue: Arc::new(PanicsOnce {
+            inner: world.clone(),
+            panicked: Default::default(),
+        }),
+        registrar: Arc::new(world.clone()),
+    });
+    let settings = runner_scaler::control_loop::LoopSettings::default();
+    let poll = settings.poll_interval;
+    let controller = runner_scaler::control_loop::Controller::new(
+        services,
+        settings,
+        Box::new(<rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(1)),
+    );
+    let (_tx, rx) = tokio::sync::watch::channel(ConfigState {
+        config: Some(Arc::new(config(&[("acme/api", 3)]))),
+        applied_index: Some(1),
+        ..ConfigState::default()
+    });
+    let dispatched = {
+        let world = world.clone();
+        async move {
+            // Virtual time: each wait is one poll interval of the paused clock.
+            while world.dispatch_count() == 0 {
+                tokio::time::sleep(poll).await;
+            }
+        }
+    };
+    let ran = tokio::time::timeout(
+        poll * 10,
+        runner_scaler::control_loop::run(
+            controller,
+            rx,
+            &runner_scaler::clock::SystemClock,
+            dispatched,
+        ),
+    )
+    .await;
+    assert!(ran.is_ok(), "the loop did not survive the panicking tick");
+    assert_eq!(world.dispatch_count(), 1);
+}

@@ -381,8 +381,7 @@ fn status_error(doing: &str, status: StatusCode, body: &[u8], token: &SecretStri
             if !secret.is_empty() {
                 m = m.replace(secret, "[REDACTED]");
             }
-            m.truncate(200);
-            format!(": {m:?}")
+            format!(": {:?}", crate::model::clip_chars(&m, 200))
         })
         .unwrap_or_default();
     PortError::new(

@@ -290,11 +290,7 @@ fn vault_error(doing: &str, e: VaultError) -> PortError {
             let shown: Vec<String> = errors
                 .iter()
                 .take(3)
-                .map(|m| {
-                    let mut m = m.trim().to_string();
-                    m.truncate(200);
-                    m
-                })
+                .map(|m| crate::model::clip_chars(m.trim(), 200))
                 .collect();
             let detail = if shown.is_empty() {
                 String::new()

@@ -80,7 +80,11 @@ fn world() -> (Config, Snapshot) {
         for c in 0..CHILDREN_PER_REPO {
             id += 1;
             let labels = LabelSet::parse(LABEL_SETS[c % LABEL_SETS.len()]).unwrap();
-            let parent = if c % 2 == 0 { "ci-runner" } else { "go-ci-runner" };
+            let parent = if c % 2 == 0 {
+                "ci-runner"
+            } else {
+                "go-ci-runner"
+            };
             parents.entry(parent.to_string()).or_default().push(Child {
                 id: ChildId(format!("{parent}/dispatch-1789592462-{id:08x}")),
                 parent: parent.to_string(),
