@@ -1,15 +1,19 @@
 //! The words of the domain (see README "Words"): repos, label sets, buckets, runner names,
 //! and the classification every port error maps into.
 
-use std::collections::BTreeSet;
 use std::fmt;
+use std::sync::Arc;
 
 /// `owner/name` on GitHub or on a Forgejo instance, normalised to lower case because both
 /// forges compare them case-insensitively and the Consul document keys them that way.
+///
+/// Shared, not copied: the planner keys maps by it for thousands of jobs per tick.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RepoName {
-    owner: String,
-    name: String,
+    /// `owner/name`, lower-case.
+    full: Arc<str>,
+    /// Index of the `/`.
+    slash: usize,
 }
 
 impl RepoName {
@@ -30,23 +34,28 @@ impl RepoName {
             return None;
         }
         Some(RepoName {
-            owner: owner.to_ascii_lowercase(),
-            name: name.to_ascii_lowercase(),
+            full: format!(
+                "{}/{}",
+                owner.to_ascii_lowercase(),
+                name.to_ascii_lowercase()
+            )
+            .into(),
+            slash: owner.len(),
         })
     }
 
     pub fn owner(&self) -> &str {
-        &self.owner
+        &self.full[..self.slash]
     }
 
     pub fn name(&self) -> &str {
-        &self.name
+        &self.full[self.slash + 1..]
     }
 }
 
 impl fmt::Display for RepoName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.owner, self.name)
+        f.write_str(&self.full)
     }
 }
 
@@ -55,9 +64,13 @@ pub const LABELS_PER_JOB_MAX: usize = 16;
 /// Longest label accepted, matching `^[a-z0-9][a-z0-9._:-]{0,63}$`.
 pub const LABEL_LEN_MAX: usize = 64;
 
-/// A job's `runs-on` labels: trimmed, lower-cased, de-duplicated, sorted.
+/// Label lists longer than this are refused before any work is spent on them.
+const RAW_LABELS_MAX: usize = 1024;
+
+/// A job's `runs-on` labels: trimmed, lower-cased, de-duplicated, sorted. Shared, not copied:
+/// every bucket key and planned dispatch carries one.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct LabelSet(BTreeSet<String>);
+pub struct LabelSet(Arc<[String]>);
 
 /// Why a label set taken from a workflow file was refused.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -106,7 +119,10 @@ impl LabelSet {
     /// pattern or there are too many. The input is untrusted (it is a workflow file's
     /// `runs-on`), so nothing here trusts its length or content.
     pub fn parse<S: AsRef<str>>(raw: &[S]) -> Result<LabelSet, LabelRejection> {
-        let mut set = BTreeSet::new();
+        if raw.len() > RAW_LABELS_MAX {
+            return Err(LabelRejection::TooMany { count: raw.len() });
+        }
+        let mut labels = Vec::with_capacity(raw.len());
         for label in raw {
             let label = label.as_ref().trim().to_ascii_lowercase();
             if !is_valid_label(&label) {
@@ -114,15 +130,17 @@ impl LabelSet {
                     label: clip_chars(&label, 80),
                 });
             }
-            set.insert(label);
-            if set.len() > LABELS_PER_JOB_MAX {
-                return Err(LabelRejection::TooMany { count: raw.len() });
-            }
+            labels.push(label);
         }
-        if set.is_empty() {
+        labels.sort_unstable();
+        labels.dedup();
+        if labels.len() > LABELS_PER_JOB_MAX {
+            return Err(LabelRejection::TooMany { count: raw.len() });
+        }
+        if labels.is_empty() {
             return Err(LabelRejection::Empty);
         }
-        Ok(LabelSet(set))
+        Ok(LabelSet(labels.into()))
     }
 
     /// Parses the `labels` meta of one of our children (`a,b,c`).
@@ -133,11 +151,13 @@ impl LabelSet {
 
     /// The form carried in dispatch meta: lower-case, sorted, comma-separated.
     pub fn to_meta(&self) -> String {
-        self.0.iter().cloned().collect::<Vec<_>>().join(",")
+        self.0.join(",")
     }
 
     pub fn contains(&self, label: &str) -> bool {
-        self.0.contains(label)
+        self.0
+            .binary_search_by(|probe| probe.as_str().cmp(label))
+            .is_ok()
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &str> {
@@ -155,7 +175,7 @@ impl LabelSet {
     /// True when every label of `self` is among `other`'s: a runner with `other` labels can
     /// take a job with `self` labels.
     pub fn is_subset(&self, other: &LabelSet) -> bool {
-        self.0.is_subset(&other.0)
+        self.0.iter().all(|label| other.contains(label))
     }
 }
 

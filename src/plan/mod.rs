@@ -165,7 +165,8 @@ struct InFlight {
 
 #[derive(Default)]
 struct Demand {
-    queued_at: Vec<DateTime<Utc>>,
+    /// (when queued, job id) of each queued job.
+    queued: Vec<(DateTime<Utc>, u64)>,
     in_progress: u32,
     /// Forgejo jobs claimed by a runner it does not name.
     claimed: u32,
@@ -240,7 +241,11 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
                     };
                     // The loop fills in first sightings; a job without one sorts as if queued now.
                     let queued_at = job.queued_at.unwrap_or(now);
-                    demand.entry(key).or_default().queued_at.push(queued_at);
+                    demand
+                        .entry(key)
+                        .or_default()
+                        .queued
+                        .push((queued_at, job.id));
                 }
                 // A job counts in the bucket of the runner that runs it, which may differ
                 // from its own labels when a runner with more labels took it.
@@ -270,6 +275,18 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         .cloned()
         .collect();
     let global_gap = first_parent_gap(snapshot, snapshot.parents.keys());
+    // Each repo's parents are checked once, not once per bucket.
+    let facts = HoldFacts {
+        snapshot,
+        holds,
+        settings,
+        global_gap: global_gap.as_deref(),
+    };
+    let repo_gaps: BTreeMap<&RepoName, Option<String>> = config
+        .repos
+        .iter()
+        .map(|(name, repo)| (name, first_parent_gap(snapshot, repo.parents().iter())))
+        .collect();
 
     struct Candidate {
         index: usize,
@@ -280,13 +297,13 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
     let mut candidates = Vec::new();
     for key in keys {
         let mut d = demand.remove(&key).unwrap_or_default();
-        d.queued_at.sort();
+        d.queued.sort_unstable();
         let supply = in_flight.per_bucket.get(&key).copied().unwrap_or(0);
         // Forgejo names no runner on a job: a claimed job is assumed to run on one of its
         // bucket's children, up to their number, so a job on someone else's runner never
         // makes us dispatch.
         let in_progress = d.in_progress + d.claimed.min(supply);
-        let queued = d.queued_at.len() as u32;
+        let queued = d.queued.len() as u32;
         let missing = (queued + in_progress).saturating_sub(supply);
         let repo_config = config.repos.get(&key.repo);
         let route = repo_config.map(|r| r.route(&key.labels));
@@ -302,54 +319,43 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             missing,
             to_dispatch: 0,
             reason: None,
-            oldest_queued_at: d.queued_at.first().copied(),
+            oldest_queued_at: d.queued.first().map(|(t, _)| *t),
             oldest_wait_s: d
-                .queued_at
+                .queued
                 .first()
-                .map(|t| (now - *t).num_seconds().max(0) as u64),
+                .map(|(t, _)| (now - *t).num_seconds().max(0) as u64),
             key,
         };
+        if let Some(Err(why)) = &route {
+            out.unroutable
+                .extend(d.queued.iter().map(|(_, id)| UnroutableJob {
+                    repo: bucket.key.repo.clone(),
+                    job_id: *id,
+                    reason: UnroutableReason::NoRoute(why.clone()),
+                }));
+        }
         let hold = hold_before_caps(
             &bucket,
             repo_config,
             route.as_ref(),
-            snapshot,
-            holds,
-            settings,
-            global_gap.as_deref(),
+            &facts,
+            repo_gaps.get(&bucket.key.repo).cloned().flatten(),
         );
         if let Some(reason) = hold {
             bucket.reason = Some(reason);
         } else if missing == 0 {
             bucket.reason = Some(HoldReason::Satisfied);
         } else if let Some(Ok(route)) = route {
-            let first = d.queued_at.len() - missing as usize;
+            let first = d.queued.len() - missing as usize;
             candidates.push(Candidate {
                 index: out.buckets.len(),
                 profile: route.profile,
-                serves: d.queued_at[first..].to_vec(),
+                serves: d.queued[first..].iter().map(|(t, _)| *t).collect(),
             });
         }
         out.buckets.push(bucket);
     }
 
-    // Unroutable queued jobs, one entry per job.
-    for (repo, listing) in &snapshot.repos {
-        let (Ok(listing), Some(repo_config)) = (listing, config.repos.get(repo)) else {
-            continue;
-        };
-        for job in listing.jobs.iter().filter(|j| j.state == JobState::Queued) {
-            if let Ok(labels) = LabelSet::parse(&job.labels)
-                && let Err(why) = repo_config.route(&labels)
-            {
-                out.unroutable.push(UnroutableJob {
-                    repo: repo.clone(),
-                    job_id: job.id,
-                    reason: UnroutableReason::NoRoute(why),
-                });
-            }
-        }
-    }
     out.unroutable
         .sort_by(|a, b| (&a.repo, a.job_id).cmp(&(&b.repo, b.job_id)));
 
@@ -444,16 +450,30 @@ fn first_parent_gap<'a>(
         })
 }
 
+/// What every bucket's hold is decided from.
+#[derive(Clone, Copy)]
+struct HoldFacts<'a> {
+    snapshot: &'a Snapshot,
+    holds: &'a Holds,
+    settings: PlanSettings,
+    /// The first parent listing that failed, if any.
+    global_gap: Option<&'a str>,
+}
+
 /// What stops a bucket from dispatching regardless of caps, in order of precedence.
 fn hold_before_caps(
     bucket: &BucketPlan,
     repo: Option<&RepoConfig>,
     route: Option<&Result<Route, Unroutable>>,
-    snapshot: &Snapshot,
-    holds: &Holds,
-    settings: PlanSettings,
-    global_gap: Option<&str>,
+    facts: &HoldFacts<'_>,
+    repo_gap: Option<String>,
 ) -> Option<HoldReason> {
+    let HoldFacts {
+        snapshot,
+        holds,
+        settings,
+        global_gap,
+    } = *facts;
     let Some(repo) = repo else {
         return Some(HoldReason::NotConfigured);
     };
@@ -470,7 +490,7 @@ fn hold_before_caps(
     }
     // Never dispatch without a fresh in-flight count: every parent of the repo counts
     // against its cap, and every parent listed counts against the global cap.
-    if let Some(gap) = first_parent_gap(snapshot, repo.parents().iter()) {
+    if let Some(gap) = repo_gap {
         return Some(HoldReason::InFlightUnknown(gap));
     }
     if settings.max_in_flight.is_some()
