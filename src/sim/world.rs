@@ -33,8 +33,9 @@ use crate::sim::twins::github::{GitHubTwin, TEST_APP_ID, TEST_APP_PRIVATE_KEY_PE
 use crate::sim::twins::nomad::{NomadTwin, PayloadRule};
 use crate::sim::twins::vault::{VaultPolicy, VaultTwin};
 
-/// The document of BRIEF.md, with the Forgejo URL pointing at the twin.
-const DOCUMENT_TEMPLATE: &str = r#"{
+/// The document of BRIEF.md ("The configuration users edit"), with `FORGEJO_URL` standing for
+/// the Forgejo twin's address.
+pub const BRIEF_DOCUMENT_TEMPLATE: &str = r#"{
   "afreidah/munchbox": { "maxConcurrent": 3, "mode": "app" },
   "alex/s3-orchestrator": {
     "mode": "forgejo", "forgejoUrl": "FORGEJO_URL",
@@ -51,6 +52,11 @@ const DOCUMENT_TEMPLATE: &str = r#"{
 }"#;
 
 const CONFIG_KEY: &str = "runners/config";
+/// Meta of a parent job that gets a registration token from the daemon, as in
+/// `nomad/ci-runner.nomad.hcl`.
+pub const TOKEN_PARENT_META_REQUIRED: &[&str] = &["repo_url", "runner_token", "runner_name"];
+/// Meta every runner parent permits on top of its required keys.
+pub const PARENT_META_OPTIONAL: &[&str] = &["labels", "managed_by"];
 const NOMAD_TOKEN: &str = "sim-nomad-token";
 const VAULT_TOKEN: &str = "sim-vault-token";
 const CONSUL_TOKEN: &str = "sim-consul-token";
@@ -242,13 +248,12 @@ fn provision(twins: &Twins) -> String {
         json!({ "token": "admin-only" }),
     );
     twins.nomad.set_acl_token(Some(NOMAD_TOKEN));
-    let optional = ["labels", "managed_by"];
     // Parents that get a registration token from the daemon.
     for parent in ["ci-runner", "forgejo-build-runner"] {
         twins.nomad.register_parent(
             parent,
-            &["repo_url", "runner_token", "runner_name"],
-            &optional,
+            TOKEN_PARENT_META_REQUIRED,
+            PARENT_META_OPTIONAL,
             PayloadRule::Forbidden,
         );
     }
@@ -257,11 +262,11 @@ fn provision(twins: &Twins) -> String {
         twins.nomad.register_parent(
             parent,
             &["repo_url", "runner_name"],
-            &optional,
+            PARENT_META_OPTIONAL,
             PayloadRule::Forbidden,
         );
     }
-    let document = DOCUMENT_TEMPLATE.replace("FORGEJO_URL", &forgejo_url);
+    let document = BRIEF_DOCUMENT_TEMPLATE.replace("FORGEJO_URL", &forgejo_url);
     twins.consul.set(CONFIG_KEY, document.clone());
     document
 }

@@ -37,28 +37,9 @@ pub const CONSUL_TOKEN: &str = "twin-consul-token-5d8e";
 pub const POLL_TOKEN: &str = "twin-github-poll-token-2b6f";
 pub const FORGEJO_TOKEN: &str = "twin-forgejo-api-token-c4e1";
 
-/// The document of BRIEF.md ("The configuration users edit"), the Forgejo URL left as a
-/// placeholder for the twin's address.
-pub const BRIEF_DOCUMENT_TEMPLATE: &str = r#"{
-  "afreidah/munchbox": { "maxConcurrent": 3, "mode": "app" },
-  "alex/s3-orchestrator": {
-    "mode": "forgejo", "forgejoUrl": "FORGEJO_URL",
-    "maxConcurrent": 1, "vaultPath": "forgejo/scaler",
-    "profiles": [ { "job": "forgejo-build-runner", "label": "build", "maxConcurrent": 1 } ]
-  },
-  "ev-the-dev/moat": {
-    "mode": "vault", "vaultPath": "github/moat-poll", "registerVaultPath": "github/moat-runner",
-    "profiles": [
-      { "job": "github-runner-moat-vm", "label": "vm", "maxConcurrent": 1 },
-      { "job": "go-ci-runner", "label": "go", "maxConcurrent": 3 }
-    ]
-  }
-}"#;
-
-/// Meta a parent that gets a registration token from the daemon requires.
-pub const TOKEN_PARENT_META_REQUIRED: &[&str] = &["repo_url", "runner_token", "runner_name"];
-/// Meta every runner parent permits on top of its required keys.
-pub const PARENT_META_OPTIONAL: &[&str] = &["labels", "managed_by"];
+pub use runner_scaler::sim::world::{
+    BRIEF_DOCUMENT_TEMPLATE, PARENT_META_OPTIONAL, TOKEN_PARENT_META_REQUIRED,
+};
 
 pub fn repo(name: &str) -> RepoName {
     RepoName::parse(name).expect("a valid repo name")
