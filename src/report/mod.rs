@@ -289,32 +289,24 @@ pub fn log_act(act: &ActReport) {
                 runner_name,
                 child,
                 minted,
-                deduplicated: false,
-            } => info!(
-                repo = %bucket.repo,
-                job = %parent,
-                labels = %bucket.labels,
-                runner_name = %runner_name,
-                child = %child,
-                minted = *minted,
-                "dispatched ephemeral runner"
-            ),
-            DispatchOutcome::Dispatched {
-                bucket,
-                parent,
-                runner_name,
-                child,
-                minted,
-                deduplicated: true,
-            } => info!(
-                repo = %bucket.repo,
-                job = %parent,
-                labels = %bucket.labels,
-                runner_name = %runner_name,
-                child = %child,
-                minted = *minted,
-                "dispatch deduplicated: Nomad returned the existing child"
-            ),
+                deduplicated,
+            } => {
+                // A replayed idempotency token returns the existing child: not a new runner.
+                let what = if *deduplicated {
+                    "dispatch deduplicated: Nomad returned the existing child"
+                } else {
+                    "dispatched ephemeral runner"
+                };
+                info!(
+                    repo = %bucket.repo,
+                    job = %parent,
+                    labels = %bucket.labels,
+                    runner_name = %runner_name,
+                    child = %child,
+                    minted = *minted,
+                    "{what}"
+                )
+            }
             DispatchOutcome::MintFailed { error, .. }
             | DispatchOutcome::DispatchFailed { error, .. } => {
                 warn!(class = error.class.as_str(), "{}", error.message)
