@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::options::ForgeKind;
 use super::ports::{Scope, Sim};
 use super::world::{Counts, Visible};
-use super::options::ForgeKind;
 use crate::config::Route;
 use crate::model::{BucketKey, LabelSet, RepoName, RunnerName};
 
@@ -145,7 +145,11 @@ impl Checker {
                     "bucket {key}: demand {demand} (queued {}, in progress {}, claimed {}) exceeded \
                      supply {} from t={since}s to t={t}s, longer than {} s, with cap room and no \
                      fault excusing it",
-                    load.queued, load.in_progress, load.claimed, load.supply, self.dispatch_within_s
+                    load.queued,
+                    load.in_progress,
+                    load.claimed,
+                    load.supply,
+                    self.dispatch_within_s
                 ));
             }
             still_short.insert(key, since);
@@ -194,7 +198,12 @@ impl CapUse {
         }
         if let Some(index) = route.profile
             && let Some(cap) = config.profiles[index].max_concurrent
-            && self.profile.get(&(repo.clone(), index)).copied().unwrap_or(0) >= cap
+            && self
+                .profile
+                .get(&(repo.clone(), index))
+                .copied()
+                .unwrap_or(0)
+                >= cap
         {
             return Some("profile cap".into());
         }
@@ -222,15 +231,15 @@ fn fault_excuse(sim: &Sim, repo: &RepoName, route: &Route) -> Option<String> {
         return Some("dispatch fault this tick".into());
     }
     // Buckets that share a cap are served oldest job first: a mint or dispatch that failed
-    // this tick for another repo under the global cap took the unit this bucket would have
-    // had. (Within one repo, the repo's own scopes above already excuse it.)
-    if sim.options.max_in_flight.is_some()
-        && faults
-            .injected_now
-            .iter()
-            .any(|s| matches!(s, Scope::Mint(_) | Scope::Dispatch(..)))
-    {
-        return Some("a fault under the shared global cap this tick".into());
+    // this tick for another bucket under the same repo cap (or under the global cap) took
+    // the unit this bucket would have had.
+    let shares_cap = |other: &RepoName| other == repo || sim.options.max_in_flight.is_some();
+    let sharing_fault_now = faults.injected_now.iter().any(|s| match s {
+        Scope::Mint(other) | Scope::Dispatch(_, other) => shares_cap(other),
+        _ => false,
+    });
+    if sharing_fault_now {
+        return Some("a fault under a shared cap this tick".into());
     }
     let parents = sim.config.repos[repo].parents();
     let listing_failed = faults
@@ -330,7 +339,12 @@ pub fn i6(sim: &Sim, bound: &ConvergenceBound) -> Option<Violation> {
             bound.from_s,
             open_jobs.join("; "),
             in_flight.len(),
-            in_flight.iter().take(5).cloned().collect::<Vec<_>>().join("; ")
+            in_flight
+                .iter()
+                .take(5)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("; ")
         ),
     })
 }

@@ -13,7 +13,7 @@
 //! - [`options`]: what a run derives from its seed; [`scenarios`]: the named scenarios.
 //! - [`world`]: GitHub's, Forgejo's and Nomad's truth and how it moves.
 //! - [`ports`]: the loop's ports over the world, with faults injected per service.
-//! - [`invariants`]: I1–I7.
+//! - [`invariants`]: the invariants I1 to I7.
 //! - [`trace`]: the event trace and its hash.
 
 pub mod invariants;
@@ -37,8 +37,8 @@ use crate::config::{ConfigDefaults, parse_document};
 use crate::control_loop::{Controller, LoopSettings};
 use crate::plan::{Plan, PlanInput, PlanSettings};
 pub use invariants::{ConvergenceBound, PENDING, Violation};
-pub use scenarios::Scenario;
 use ports::{CANARY, Shared, Sim, lock};
+pub use scenarios::Scenario;
 use world::{Counts, EPOCH_UNIX, World};
 
 /// The world moves in steps of this many simulated seconds.
@@ -407,7 +407,11 @@ impl SweepReport {
             }
         }
         if self.scenario == Scenario::Mixed {
-            let picks: Vec<String> = self.picked.iter().map(|(s, n)| format!("{s} {n}")).collect();
+            let picks: Vec<String> = self
+                .picked
+                .iter()
+                .map(|(s, n)| format!("{s} {n}"))
+                .collect();
             out.push_str(&format!("  picked: {}\n", picks.join(", ")));
         }
         let c = &self.totals;
@@ -461,8 +465,9 @@ pub fn sweep_with(
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(&seed) = seeds.get(i) else { break };
-                    let outcome = std::panic::catch_unwind(|| run_seed_with(scenario, seed, settings))
-                        .unwrap_or_else(|panic| panicked(scenario, seed, panic));
+                    let outcome =
+                        std::panic::catch_unwind(|| run_seed_with(scenario, seed, settings))
+                            .unwrap_or_else(|panic| panicked(scenario, seed, panic));
                     outcomes
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
@@ -594,4 +599,53 @@ pub fn render_replay(outcome: &SeedOutcome) -> String {
     }
     out.push_str(&format!("trace hash {}\n", outcome.trace_hash));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_in_a_log_line_is_caught_and_masked_in_the_report() {
+        let logs = LogWatch::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer({
+                let logs = logs.clone();
+                move || logs.clone()
+            })
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::trace!("nothing secret here");
+            assert_eq!(logs.leak(), None);
+            tracing::debug!(token = %format!("{CANARY}000001"), "minted");
+        });
+        let leak = logs.leak().expect("the token was seen");
+        assert!(!leak.contains(CANARY), "{leak}");
+        assert!(leak.contains("<TOKEN>000001"), "{leak}");
+        assert_eq!(logs.lines(), 2);
+    }
+
+    #[test]
+    fn scenario_names_round_trip() {
+        for scenario in Scenario::NAMED.into_iter().chain([Scenario::Mixed]) {
+            assert_eq!(Scenario::parse(scenario.as_str()), Some(scenario));
+        }
+        assert_eq!(Scenario::parse("demo"), None);
+    }
+
+    #[test]
+    fn every_scenario_document_passes_validation() {
+        for scenario in Scenario::NAMED {
+            for seed in 0..20 {
+                let options = scenario.options(&mut StdRng::seed_from_u64(seed));
+                if let Err(errors) =
+                    parse_document(options.document().as_bytes(), &ConfigDefaults::default())
+                {
+                    panic!("{scenario} seed {seed}: {errors:?}");
+                }
+            }
+        }
+    }
 }

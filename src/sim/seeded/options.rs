@@ -148,7 +148,9 @@ impl Options {
             runs_per_hour: rng.random_range(6.0..30.0),
             jobs_per_run: (1, rng.random_range(1..=4)),
             needs_probability: rng.random_range(0.0..0.5),
-            cancel_per_s: *[0.0, 1.0 / 3600.0, 1.0 / 600.0].choose(rng).expect("non-empty"),
+            cancel_per_s: *[0.0, 1.0 / 3600.0, 1.0 / 600.0]
+                .choose(rng)
+                .expect("non-empty"),
             rerun_probability: rng.random_range(0.0..0.1),
             stale_jobs: rng.random_range(0..=1),
             arrivals_end_s,
@@ -188,7 +190,12 @@ fn low_fault_rates(rng: &mut StdRng) -> FaultRates {
 }
 
 /// An outage of `service` somewhere before `faults_end_s`, lasting within `length_s`.
-pub fn outage(rng: &mut StdRng, service: Service, faults_end_s: u64, length_s: (u64, u64)) -> Outage {
+pub fn outage(
+    rng: &mut StdRng,
+    service: Service,
+    faults_end_s: u64,
+    length_s: (u64, u64),
+) -> Outage {
     let length = rng.random_range(length_s.0..=length_s.1);
     let latest_start = faults_end_s.saturating_sub(length).max(1);
     let start_s = rng.random_range(0..=latest_start);

@@ -70,7 +70,9 @@ pub type Shared = Arc<Mutex<Sim>>;
 
 pub fn lock(shared: &Shared) -> MutexGuard<'_, Sim> {
     // A panic inside a tick is reported by the driver; the world itself stays consistent.
-    shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    shared
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// One port call, as fault injection sees it.
@@ -165,10 +167,17 @@ impl Sim {
         let rates = o.rates(call.service);
         let roll: f64 = self.rng.random();
         if roll < rates.transient {
-            let why = ["502 Bad Gateway", "operation timed out", "connection reset by peer"]
-                .choose(&mut self.rng)
-                .expect("non-empty");
-            return Err(PortError::new(ErrorClass::Transient, format!("{what}: {why}")));
+            let why = [
+                "502 Bad Gateway",
+                "operation timed out",
+                "connection reset by peer",
+            ]
+            .choose(&mut self.rng)
+            .expect("non-empty");
+            return Err(PortError::new(
+                ErrorClass::Transient,
+                format!("{what}: {why}"),
+            ));
         }
         if roll < rates.transient + rates.malformed {
             return Err(PortError::new(

@@ -185,7 +185,11 @@ fn outages(o: &mut Options, rng: &mut StdRng) {
     for _ in 0..rng.random_range(1..=4) {
         let service = *Service::ALL.choose(rng).expect("non-empty");
         // Some longer than the ten-minute reaping grace window.
-        let length = if rng.random_bool(0.5) { (660, 1500) } else { (30, 300) };
+        let length = if rng.random_bool(0.5) {
+            (660, 1500)
+        } else {
+            (30, 300)
+        };
         o.outages.push(outage(rng, service, o.faults_end_s, length));
     }
 }

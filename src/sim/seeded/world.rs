@@ -30,9 +30,14 @@ pub const QUEUED_JOB_CANCEL_S: i64 = 24 * 3600;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Truth {
     /// Waits (`needs:`) for the job with this id to complete; not listed by the forge yet.
-    Gated { after: u64 },
+    Gated {
+        after: u64,
+    },
     Queued,
-    Running { runner: RunnerName, done_at: u64 },
+    Running {
+        runner: RunnerName,
+        done_at: u64,
+    },
     Completed,
     Cancelled,
 }
@@ -71,10 +76,18 @@ impl Job {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Phase {
     /// No allocation: placed from `eligible_at` on, when the cluster has room.
-    Unplaced { eligible_at: u64 },
-    Booting { ready_at: u64 },
-    Idle { since: u64 },
-    Busy { job: u64 },
+    Unplaced {
+        eligible_at: u64,
+    },
+    Booting {
+        ready_at: u64,
+    },
+    Idle {
+        since: u64,
+    },
+    Busy {
+        job: u64,
+    },
     Exited,
 }
 
@@ -340,7 +353,15 @@ impl World {
         self.show(id, t, Visible::Queued, o, rng);
     }
 
-    fn cancel(&mut self, id: u64, t: u64, why: &str, o: &Options, rng: &mut StdRng, trace: &mut Trace) {
+    fn cancel(
+        &mut self,
+        id: u64,
+        t: u64,
+        why: &str,
+        o: &Options,
+        rng: &mut StdRng,
+        trace: &mut Trace,
+    ) {
         let Some(job) = self.jobs.get_mut(&id) else {
             return;
         };
@@ -563,8 +584,9 @@ impl World {
                 job.visible = job.catching_up.take().expect("checked").1;
             }
         }
-        self.jobs
-            .retain(|_, j| !(j.is_terminal() && j.visible == Visible::Hidden && j.catching_up.is_none()));
+        self.jobs.retain(|_, j| {
+            !(j.is_terminal() && j.visible == Visible::Hidden && j.catching_up.is_none())
+        });
     }
 
     /// Nomad's dispatch: a new pending child without an allocation.
@@ -687,8 +709,13 @@ impl World {
     }
 
     /// Ids of the children of `parent`.
-    pub fn children_of<'a>(&'a self, parent: &'a str) -> impl Iterator<Item = (&'a ChildId, &'a SimChild)> {
-        self.children.iter().filter(move |(_, c)| c.parent == parent)
+    pub fn children_of<'a>(
+        &'a self,
+        parent: &'a str,
+    ) -> impl Iterator<Item = (&'a ChildId, &'a SimChild)> {
+        self.children
+            .iter()
+            .filter(move |(_, c)| c.parent == parent)
     }
 
     /// Every parent any child was dispatched to.
