@@ -66,6 +66,7 @@ pub struct SeedOutcome {
     pub trace_events: u64,
     pub convergence: Option<ConvergenceBound>,
     pub simulated_s: u64,
+    pub poll_interval_s: u64,
     pub ticks: u64,
     pub counts: Counts,
     pub faults_injected: u64,
@@ -130,6 +131,7 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
         trace_events: 0,
         convergence: None,
         simulated_s: 0,
+        poll_interval_s: options.poll_interval_s,
         ticks: 0,
         counts: Counts::default(),
         faults_injected: 0,
@@ -527,6 +529,7 @@ fn panicked(scenario: Scenario, seed: u64, panic: Box<dyn std::any::Any + Send>)
         trace_events: 0,
         convergence: None,
         simulated_s: 0,
+        poll_interval_s: 0,
         ticks: 0,
         counts: Counts::default(),
         faults_injected: 0,
@@ -552,11 +555,17 @@ pub fn render_replay(outcome: &SeedOutcome) -> String {
         outcome.ticks,
         outcome.trace_events
     );
-    let skipped = outcome.trace.len().saturating_sub(REPLAY_EVENTS_SHOWN);
+    // Ticks of an empty world say nothing; they stay in the hash, not on the screen.
+    let telling: Vec<&String> = outcome
+        .trace
+        .iter()
+        .filter(|e| !e.contains("tick queued=0 active=0 started=0 gaps=0 "))
+        .collect();
+    let skipped = telling.len().saturating_sub(REPLAY_EVENTS_SHOWN);
     if skipped > 0 {
         out.push_str(&format!("  ... {skipped} earlier events\n"));
     }
-    for event in &outcome.trace[skipped..] {
+    for event in &telling[skipped..] {
         out.push_str(&format!("  {event}\n"));
     }
     let c = &outcome.counts;
@@ -589,8 +598,8 @@ pub fn render_replay(outcome: &SeedOutcome) -> String {
     }
     match &outcome.convergence {
         Some(b) => out.push_str(&format!(
-            "I6 bound: converge by t={}s = faults and arrivals off at t={}s + backoff {}s + {} waves x {}s + boot, idle timeout and two polls\n",
-            b.bound_s, b.from_s, b.backoff_s, b.waves, b.wave_s
+            "I6 bound: converge by t={}s = faults and arrivals off at t={}s + backoff {}s + {} turns x {}s (poll, lag, placement, boot, longer of job and idle timeout) + two polls of {}s\n",
+            b.bound_s, b.from_s, b.backoff_s, b.waves, b.wave_s, outcome.poll_interval_s
         )),
         None => out.push_str("I6 bound: not reached\n"),
     }

@@ -162,7 +162,7 @@ impl Sim {
             && let Some(reset) = self.faults.exhausted.get(holder)
             && *reset > t
         {
-            return Err(rate_limited(what, reset - t));
+            return Err(rate_limited(what, reset - t, false));
         }
         let rates = o.rates(call.service);
         let roll: f64 = self.rng.random();
@@ -191,7 +191,8 @@ impl Sim {
             let (low, high) = o.rate_limit_reset_s;
             let wait = self.rng.random_range(low..=high);
             self.faults.exhausted.insert(holder.clone(), t + wait);
-            return Err(rate_limited(what, wait));
+            let secondary = self.rng.random_bool(0.3);
+            return Err(rate_limited(what, wait, secondary));
         }
         Ok(())
     }
@@ -202,12 +203,15 @@ impl Sim {
     }
 }
 
-fn rate_limited(what: &str, wait_s: u64) -> PortError {
-    PortError::new(
-        ErrorClass::RateLimited,
-        format!("{what}: 403 API rate limit exceeded (x-ratelimit-remaining: 0)"),
-    )
-    .with_retry_after(Some(wait_s))
+/// GitHub signals a primary limit with 403 and `x-ratelimit-remaining: 0`, a secondary one
+/// with 429 and `retry-after`; both reach the loop as the same class with the wait.
+fn rate_limited(what: &str, wait_s: u64, secondary: bool) -> PortError {
+    let why = if secondary {
+        "429 Too Many Requests: secondary rate limit (retry-after)"
+    } else {
+        "403 API rate limit exceeded (x-ratelimit-remaining: 0)"
+    };
+    PortError::new(ErrorClass::RateLimited, format!("{what}: {why}")).with_retry_after(Some(wait_s))
 }
 
 /// The rate-limit budget a repo's forge calls spend: the App installation of its owner, the
