@@ -16,7 +16,7 @@ use crate::act::{ChildControl, Registrar, Registrars};
 use crate::config::{Config, Mode};
 use crate::model::{ErrorClass, RepoName};
 use crate::observe::{ChildSource, Gap, PortError, QueueSource, RepoJobs, Snapshot};
-use crate::plan::{Holds, PlanInput, PlanSettings, plan};
+use crate::plan::{Holds, Plan, PlanInput, PlanSettings, plan};
 use crate::report::{self, TickView};
 
 /// The clients of one forge kind.
@@ -124,6 +124,8 @@ pub struct Controller {
     pub settings: LoopSettings,
     memory: Memory,
     rng: Box<dyn RngCore + Send>,
+    /// [`plan`], unless a test plugs in a mutant to prove the simulator catches it.
+    planner: fn(PlanInput<'_>) -> Plan,
 }
 
 impl Controller {
@@ -133,7 +135,15 @@ impl Controller {
             settings,
             memory: Memory::default(),
             rng,
+            planner: plan,
         }
+    }
+
+    /// Replaces the planner. Only the seeded simulator's mutant tests use this: they plug in
+    /// a planner with a known bug and assert that the invariants catch it.
+    pub fn with_planner(mut self, planner: fn(PlanInput<'_>) -> Plan) -> Self {
+        self.planner = planner;
+        self
     }
 
     /// One reconcile tick: observe, plan, act (unless `dry_run`), report.
@@ -157,7 +167,7 @@ impl Controller {
             )
             .collect();
         let holds = self.holds(now);
-        let plan = plan(PlanInput {
+        let plan = (self.planner)(PlanInput {
             config,
             snapshot: &snapshot,
             settings: self.settings.plan,

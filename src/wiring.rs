@@ -67,7 +67,7 @@ pub fn run_command(command: Command) -> ExitCode {
             json,
         } => runtime().block_on(once(*daemon, dry_run, json)),
         Command::Status { daemon, json } => runtime().block_on(once(*daemon, true, json)),
-        Command::Simulate(args) => runtime().block_on(simulate(args)),
+        Command::Simulate(args) => simulate(args),
         Command::Config { .. } => unreachable!("handled in main"),
     }
 }
@@ -325,13 +325,94 @@ async fn once(args: DaemonArgs, dry_run: bool, json: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-async fn simulate(args: SimulateArgs) -> ExitCode {
-    if args.bench || args.seeds.is_some() || args.scenario != "demo" {
+/// `simulate`: the seeded world (`--scenario NAME --seeds N` sweeps, `--seed S` replays one)
+/// or, for the `demo` scenario, the HTTP demo world. The seeded world runs on its own
+/// current-thread runtimes, so it is driven from plain threads, outside any runtime.
+fn simulate(args: SimulateArgs) -> ExitCode {
+    use crate::sim::seeded::Scenario;
+    if args.bench {
         eprintln!(
-            "runner-scaler simulate: only the demo world exists so far (--scenario demo, --seed S)"
+            "runner-scaler simulate: --bench is not built yet (a later phase of issue 3); \
+             run --scenario NAME --seeds N to check the invariants"
         );
         return ExitCode::from(EXIT_BAD_SETTINGS as u8);
     }
+    if args.scenario == "demo" {
+        if args.seeds.is_some() {
+            eprintln!(
+                "runner-scaler simulate: the demo world runs one seed; --seeds needs a --scenario ({})",
+                Scenario::known_names().join(", ")
+            );
+            return ExitCode::from(EXIT_BAD_SETTINGS as u8);
+        }
+        return runtime().block_on(simulate_demo(args));
+    }
+    let Some(scenario) = Scenario::parse(&args.scenario) else {
+        eprintln!(
+            "runner-scaler simulate: unknown scenario {:?}; known: demo, {}",
+            args.scenario,
+            Scenario::known_names().join(", ")
+        );
+        return ExitCode::from(EXIT_BAD_SETTINGS as u8);
+    };
+    match (args.seeds, args.seed) {
+        (Some(n), _) => simulate_sweep(scenario, n, args.json),
+        (None, Some(seed)) => simulate_replay(scenario, seed, args.json),
+        (None, None) => {
+            eprintln!(
+                "runner-scaler simulate: --scenario {scenario} needs --seeds N (a sweep of seeds 1..=N) or --seed S (a replay)"
+            );
+            ExitCode::from(EXIT_BAD_SETTINGS as u8)
+        }
+    }
+}
+
+fn simulate_sweep(scenario: crate::sim::seeded::Scenario, seeds: u64, json: bool) -> ExitCode {
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    if !json {
+        println!("sweeping scenario {scenario}: seeds 1..={seeds} on {threads} threads");
+    }
+    let report = crate::sim::seeded::sweep(scenario, 1..=seeds, threads);
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("a sweep report serialises")
+        );
+    } else {
+        print!("{}", report.render_text());
+    }
+    if report.ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_INVALID as u8)
+    }
+}
+
+fn simulate_replay(scenario: crate::sim::seeded::Scenario, seed: u64, json: bool) -> ExitCode {
+    let settings = crate::sim::seeded::RunSettings {
+        keep_trace: !json,
+        ..Default::default()
+    };
+    if !json {
+        println!("replaying scenario {scenario}, seed {seed}");
+    }
+    let outcome = crate::sim::seeded::run_seed_with(scenario, seed, settings);
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&outcome).expect("a seed outcome serialises")
+        );
+    } else {
+        print!("{}", crate::sim::seeded::render_replay(&outcome));
+    }
+    if outcome.ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_INVALID as u8)
+    }
+}
+
+async fn simulate_demo(args: SimulateArgs) -> ExitCode {
     let options = crate::sim::world::WorldOptions {
         seed: args.seed.unwrap_or(1),
         ..Default::default()

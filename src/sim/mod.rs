@@ -2,5 +2,6 @@
 //! them. Used by the tests and by `runner-scaler simulate`; first-class code, not test hacks.
 
 pub mod memory;
+pub mod seeded;
 pub mod twins;
 pub mod world;

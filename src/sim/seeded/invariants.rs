@@ -1,0 +1,425 @@
+//! The invariants a run is judged by, checked from the world's truth after every step.
+//!
+//! - I1: no runner executing a job is destroyed (and no foreign child is touched).
+//! - I2: demand visible in a bucket with cap room and no excusing fault is met by a dispatch
+//!   within one poll interval (plus one step: a tick takes no virtual time).
+//! - I3: no cap is exceeded, counting pending children.
+//! - I4: pending (see [`PENDING`]).
+//! - I5: no secret in any log line or output (checked by the driver).
+//! - I6: after faults and arrivals stop, everything drains within a bound.
+//! - I7: no dispatch storm.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::options::ForgeKind;
+use super::ports::{Scope, Sim};
+use super::world::{Counts, Visible};
+use crate::config::Route;
+use crate::model::{BucketKey, LabelSet, RepoName, RunnerName};
+
+/// Invariants that cannot be judged yet, shown in every summary.
+pub const PENDING: &[&str] = &[
+    "I4 pending: surplus reaping does not exist yet",
+    "I7 per-bucket crash-loop backoff pending: crash-loop backoff does not exist yet",
+];
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Violation {
+    pub invariant: &'static str,
+    /// Steps are simulated seconds, so the step is also the time.
+    pub step: u64,
+    pub message: String,
+}
+
+/// How long after faults and arrivals stop the world must be drained, and why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ConvergenceBound {
+    /// When the last fault and the last arrival were behind us.
+    pub from_s: u64,
+    /// Rounds of (dispatch, place, boot, run) the open work needs at the tightest cap.
+    pub waves: u64,
+    pub wave_s: u64,
+    /// The longest wait a fault can have left behind: transient backoff with its jitter, or
+    /// the longest rate-limit reset.
+    pub backoff_s: u64,
+    pub bound_s: u64,
+}
+
+/// I1–I3 and I7 after every step; I2 keeps, per bucket, since when demand exceeded supply.
+pub struct Checker {
+    short_since: BTreeMap<BucketKey, u64>,
+    dispatch_within_s: u64,
+}
+
+#[derive(Default)]
+struct Load {
+    queued: u32,
+    in_progress: u32,
+    claimed: u32,
+    supply: u32,
+}
+
+impl Checker {
+    pub fn new(poll_interval_s: u64, step_s: u64) -> Checker {
+        Checker {
+            short_since: BTreeMap::new(),
+            dispatch_within_s: poll_interval_s + step_s,
+        }
+    }
+
+    pub fn after_step(&mut self, sim: &Sim) -> Option<Violation> {
+        let found = i1(&sim.world.counts)
+            .map(|m| ("I1", m))
+            .or_else(|| i3(sim).map(|m| ("I3", m)))
+            .or_else(|| i7(&sim.world.counts).map(|m| ("I7", m)))
+            .or_else(|| self.i2(sim).map(|m| ("I2", m)));
+        found.map(|(invariant, message)| Violation {
+            invariant,
+            step: sim.t,
+            message,
+        })
+    }
+
+    fn i2(&mut self, sim: &Sim) -> Option<String> {
+        let t = sim.t;
+        let world = &sim.world;
+        let mut loads: BTreeMap<BucketKey, Load> = BTreeMap::new();
+        let mut runners: BTreeMap<&RunnerName, BucketKey> = BTreeMap::new();
+        for (_, child) in world.in_flight() {
+            let Some(repo) = &child.repo else { continue };
+            let key = BucketKey {
+                repo: repo.clone(),
+                labels: child.labels.clone(),
+            };
+            loads.entry(key.clone()).or_default().supply += 1;
+            if let Some(runner) = &child.runner {
+                runners.insert(runner, key);
+            }
+        }
+        for job in world.jobs.values() {
+            let own = || BucketKey {
+                repo: job.repo.clone(),
+                labels: job.labels.clone(),
+            };
+            match (&job.visible, job.forge) {
+                (Visible::Hidden, _) => {}
+                (Visible::Queued, _) => loads.entry(own()).or_default().queued += 1,
+                // GitHub names the runner: the job counts in that runner's bucket.
+                (Visible::Running(runner), ForgeKind::GitHub) => {
+                    if let Some(key) = runners.get(runner)
+                        && key.repo == job.repo
+                    {
+                        loads.entry(key.clone()).or_default().in_progress += 1;
+                    }
+                }
+                (Visible::Running(_), ForgeKind::Forgejo) => {
+                    loads.entry(own()).or_default().claimed += 1
+                }
+            }
+        }
+        let used = CapUse::of(sim);
+        let mut still_short = BTreeMap::new();
+        for (key, load) in loads {
+            let demand = load.queued + load.in_progress + load.claimed.min(load.supply);
+            if demand <= load.supply {
+                continue;
+            }
+            let Some(repo) = sim.config.repos.get(&key.repo) else {
+                continue;
+            };
+            let Ok(route) = repo.route(&key.labels) else {
+                continue;
+            };
+            let excuse = used
+                .full(sim, &key.repo, &route)
+                .or_else(|| fault_excuse(sim, &key.repo, &route));
+            let since = match excuse {
+                Some(_) => t,
+                None => self.short_since.get(&key).copied().unwrap_or(t),
+            };
+            if t - since > self.dispatch_within_s {
+                return Some(format!(
+                    "bucket {key}: demand {demand} (queued {}, in progress {}, claimed {}) exceeded \
+                     supply {} from t={since}s to t={t}s, longer than {} s, with cap room and no \
+                     fault excusing it",
+                    load.queued,
+                    load.in_progress,
+                    load.claimed,
+                    load.supply,
+                    self.dispatch_within_s
+                ));
+            }
+            still_short.insert(key, since);
+        }
+        self.short_since = still_short;
+        None
+    }
+}
+
+/// In-flight children along each cap, from the world's truth (pending ones included).
+#[derive(Default)]
+struct CapUse {
+    total: u32,
+    repo: BTreeMap<RepoName, u32>,
+    profile: BTreeMap<(RepoName, usize), u32>,
+}
+
+impl CapUse {
+    fn of(sim: &Sim) -> CapUse {
+        let mut used = CapUse::default();
+        for (_, child) in sim.world.in_flight() {
+            used.total += 1;
+            let Some(repo) = &child.repo else { continue };
+            *used.repo.entry(repo.clone()).or_default() += 1;
+            if let Some(Ok(Route {
+                profile: Some(index),
+                ..
+            })) = sim.config.repos.get(repo).map(|r| r.route(&child.labels))
+            {
+                *used.profile.entry((repo.clone(), index)).or_default() += 1;
+            }
+        }
+        used
+    }
+
+    /// The cap that leaves a bucket no room, if any.
+    fn full(&self, sim: &Sim, repo: &RepoName, route: &Route) -> Option<String> {
+        let config = &sim.config.repos[repo];
+        if let Some(cap) = sim.options.max_in_flight
+            && self.total >= cap
+        {
+            return Some("global cap".into());
+        }
+        if self.repo.get(repo).copied().unwrap_or(0) >= config.max_concurrent {
+            return Some("repo cap".into());
+        }
+        if let Some(index) = route.profile
+            && let Some(cap) = config.profiles[index].max_concurrent
+            && self
+                .profile
+                .get(&(repo.clone(), index))
+                .copied()
+                .unwrap_or(0)
+                >= cap
+        {
+            return Some("profile cap".into());
+        }
+        None
+    }
+}
+
+/// A fault that holds a bucket back: its repo's queue or minting failing, or Nomad failing
+/// for a parent it needs (any parent under a global cap, whose count needs every listing).
+fn fault_excuse(sim: &Sim, repo: &RepoName, route: &Route) -> Option<String> {
+    let faults = &sim.faults;
+    let hit = |scope: &Scope| faults.failing.contains(scope) || faults.injected_now.contains(scope);
+    if hit(&Scope::Queue(repo.clone())) || hit(&Scope::Mint(repo.clone())) {
+        return Some("forge fault".into());
+    }
+    if hit(&Scope::Dispatch(route.parent.clone(), repo.clone())) {
+        return Some("dispatch fault".into());
+    }
+    // A failed dispatch of a parent skips that parent's other dispatches in the same tick.
+    let parent_failed_now = faults
+        .injected_now
+        .iter()
+        .any(|s| matches!(s, Scope::Dispatch(p, _) if *p == route.parent));
+    if parent_failed_now {
+        return Some("dispatch fault this tick".into());
+    }
+    // Buckets that share a cap are served oldest job first: a mint or dispatch that failed
+    // this tick for another bucket under the same repo cap (or under the global cap) took
+    // the unit this bucket would have had.
+    let shares_cap = |other: &RepoName| other == repo || sim.options.max_in_flight.is_some();
+    let sharing_fault_now = faults.injected_now.iter().any(|s| match s {
+        Scope::Mint(other) | Scope::Dispatch(_, other) => shares_cap(other),
+        _ => false,
+    });
+    if sharing_fault_now {
+        return Some("a fault under a shared cap this tick".into());
+    }
+    let parents = sim.config.repos[repo].parents();
+    let listing_failed = faults
+        .failing
+        .iter()
+        .chain(faults.injected_now.iter())
+        .any(|s| match s {
+            Scope::List(p) => sim.options.max_in_flight.is_some() || parents.contains(p),
+            _ => false,
+        });
+    listing_failed.then(|| "listing fault".into())
+}
+
+fn i1(counts: &Counts) -> Option<String> {
+    if counts.escaped_busy > 0 {
+        return Some(format!(
+            "{} child(ren) purged while their runner executed a job (escaped_busy)",
+            counts.escaped_busy
+        ));
+    }
+    (counts.foreign_purged > 0).then(|| {
+        format!(
+            "{} foreign child(ren) purged (no managed_by marker)",
+            counts.foreign_purged
+        )
+    })
+}
+
+fn i3(sim: &Sim) -> Option<String> {
+    let used = CapUse::of(sim);
+    if let Some(cap) = sim.options.max_in_flight
+        && used.total > cap
+    {
+        return Some(format!(
+            "{} children in flight, over --max-in-flight {cap}",
+            used.total
+        ));
+    }
+    for (repo, n) in &used.repo {
+        let config = &sim.config.repos[repo];
+        if *n > config.max_concurrent {
+            return Some(format!(
+                "{repo}: {n} children in flight, over its maxConcurrent {}",
+                config.max_concurrent
+            ));
+        }
+    }
+    for ((repo, index), n) in &used.profile {
+        let profile = &sim.config.repos[repo].profiles[*index];
+        if let Some(cap) = profile.max_concurrent
+            && *n > cap
+        {
+            return Some(format!(
+                "{repo} profile {:?}: {n} children in flight, over its maxConcurrent {cap}",
+                profile.label
+            ));
+        }
+    }
+    None
+}
+
+fn i7(c: &Counts) -> Option<String> {
+    let allowed = c.jobs + c.failed_starts + c.jobs_cancelled + c.cross_bucket_takes;
+    (c.dispatches > allowed).then(|| {
+        format!(
+            "{} dispatches > {allowed} = jobs {} + failed starts {} + cancelled {} + cross-bucket takes {}",
+            c.dispatches, c.jobs, c.failed_starts, c.jobs_cancelled, c.cross_bucket_takes
+        )
+    })
+}
+
+/// I6: the queue is drained and nothing of ours is in flight.
+pub fn i6(sim: &Sim, bound: &ConvergenceBound) -> Option<Violation> {
+    if converged(sim) {
+        return None;
+    }
+    let world = &sim.world;
+    let open = world.open_jobs();
+    let visible = world.visible_jobs();
+    let in_flight: Vec<String> = world
+        .in_flight()
+        .map(|(id, c)| format!("{id} ({:?})", c.phase))
+        .collect();
+    let open_jobs: Vec<String> = world
+        .jobs
+        .iter()
+        .take(5)
+        .map(|(id, j)| format!("{id} {} {} {:?}", j.repo, j.labels, j.truth))
+        .collect();
+    Some(Violation {
+        invariant: "I6",
+        step: sim.t,
+        message: format!(
+            "not converged by t={}s (faults and arrivals stopped at t={}s): {open} open job(s) \
+             [{}], {visible} still listed, {} child(ren) in flight [{}]",
+            bound.bound_s,
+            bound.from_s,
+            open_jobs.join("; "),
+            in_flight.len(),
+            in_flight
+                .iter()
+                .take(5)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("; ")
+        ),
+    })
+}
+
+/// The I6 bound, from the options and what is open when faults and arrivals stop: the
+/// longest backoff a fault left, then enough turns for every open job and every child in
+/// flight to pass through its tightest cap (cluster slots and `--max-in-flight` for all,
+/// then each repo's and profile's cap), then two polls to see the end and purge.
+///
+/// A turn is placement, boot, and the longer of a job and an idle timeout, with a poll and
+/// the status lag to notice it: without surplus reaping (a later issue), a surplus runner
+/// holds its slot until its idle timeout. Two more turns cover the dispatches that open work
+/// can still cause (a runner taken by another bucket) and one per level of `needs:`.
+pub fn convergence_bound(
+    sim: &Sim,
+    transient_backoff_max: Duration,
+    from_s: u64,
+) -> ConvergenceBound {
+    let o = &sim.options;
+    let mut per_repo: BTreeMap<RepoName, u64> = BTreeMap::new();
+    let mut per_profile: BTreeMap<(RepoName, usize), u64> = BTreeMap::new();
+    let mut total = 0;
+    let mut count = |repo: &RepoName, labels: &LabelSet, n: u64| {
+        total += n;
+        if let Some(Ok(Route {
+            profile: Some(index),
+            ..
+        })) = sim.config.repos.get(repo).map(|r| r.route(labels))
+        {
+            *per_profile.entry((repo.clone(), index)).or_default() += n;
+        }
+        *per_repo.entry(repo.clone()).or_default() += n;
+    };
+    for ((repo, labels), n) in sim.world.open_jobs_by_bucket() {
+        count(&repo, &labels, n);
+    }
+    for (_, child) in sim.world.in_flight() {
+        if let Some(repo) = &child.repo {
+            count(repo, &child.labels, 1);
+        }
+    }
+    let global = o.max_in_flight.unwrap_or(u32::MAX);
+    let turns_at = |n: u64, cap: u32| n.div_ceil(u64::from(cap.min(global).max(1)));
+    let mut waves = turns_at(total, o.cluster_slots);
+    for (repo, n) in &per_repo {
+        waves = waves.max(turns_at(*n, sim.config.repos[repo].max_concurrent));
+    }
+    for ((repo, index), n) in &per_profile {
+        let config = &sim.config.repos[repo];
+        let cap = config.profiles[*index]
+            .max_concurrent
+            .unwrap_or(u32::MAX)
+            .min(config.max_concurrent);
+        waves = waves.max(turns_at(*n, cap));
+    }
+    waves += 2 + sim.world.needs_depth();
+    let wave_s = o.poll_interval_s
+        + o.status_lag_max_s
+        + o.place_delay_s.1
+        + o.boot_s.1
+        + o.job_s.1.max(o.idle_timeout_s)
+        + 2;
+    let backoff_s = (transient_backoff_max.as_secs() * 5 / 4).max(o.rate_limit_reset_s.1);
+    let bound_s = from_s + backoff_s + waves * wave_s + 2 * o.poll_interval_s;
+    ConvergenceBound {
+        from_s,
+        waves,
+        wave_s,
+        backoff_s,
+        bound_s,
+    }
+}
+
+/// Everything drained: no job open or listed, nothing of ours in flight.
+pub fn converged(sim: &Sim) -> bool {
+    let world = &sim.world;
+    world.open_jobs() == 0 && world.visible_jobs() == 0 && world.in_flight().next().is_none()
+}

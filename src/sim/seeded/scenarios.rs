@@ -1,0 +1,209 @@
+//! The named scenarios: each is a function from the seed's generator to [`Options`], starting
+//! from the baseline and pushing on one thing the daemon must get right.
+
+use std::fmt;
+
+use rand::Rng;
+use rand::rngs::StdRng;
+use rand::seq::IndexedRandom;
+
+use super::options::{FaultRates, ForeignLoad, Options, Service, outage};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Scenario {
+    /// Work arrives at a moderate pace; rare faults.
+    Steady,
+    /// Many runs at once, then little.
+    Burst,
+    /// Many jobs with the same labels in one repo at once (the seed incident): runners are
+    /// fungible, any of them may take any of the jobs.
+    SameLabelRace,
+    /// Mostly superset label sets, so a bucket's runner is often taken by another bucket's job,
+    /// leaving its own job queued.
+    SupersetLabels,
+    /// Jobs cancelled while queued, runs re-run.
+    Cancellations,
+    /// A small cluster, full of foreign work for a window that may exceed an hour: children
+    /// stay pending without an allocation.
+    ClusterFull,
+    /// Runners that crash at boot, often.
+    CrashLoop,
+    /// Whole outages of GitHub, Forgejo, Nomad or Vault, some longer than ten minutes.
+    Outages,
+    /// Rate limits: budgets exhausted until a reset minutes away.
+    RateLimited,
+    /// Each seed picks one of the others and randomises within it.
+    Mixed,
+}
+
+impl Scenario {
+    pub const NAMED: [Scenario; 9] = [
+        Scenario::Steady,
+        Scenario::Burst,
+        Scenario::SameLabelRace,
+        Scenario::SupersetLabels,
+        Scenario::Cancellations,
+        Scenario::ClusterFull,
+        Scenario::CrashLoop,
+        Scenario::Outages,
+        Scenario::RateLimited,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scenario::Steady => "steady",
+            Scenario::Burst => "burst",
+            Scenario::SameLabelRace => "same-label-race",
+            Scenario::SupersetLabels => "superset-labels",
+            Scenario::Cancellations => "cancellations",
+            Scenario::ClusterFull => "cluster-full",
+            Scenario::CrashLoop => "crash-loop",
+            Scenario::Outages => "outages",
+            Scenario::RateLimited => "rate-limited",
+            Scenario::Mixed => "mixed",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Scenario> {
+        Scenario::NAMED
+            .into_iter()
+            .chain([Scenario::Mixed])
+            .find(|s| s.as_str() == name)
+    }
+
+    /// Every name `parse` accepts, for error messages.
+    pub fn known_names() -> Vec<&'static str> {
+        Scenario::NAMED
+            .iter()
+            .chain([Scenario::Mixed].iter())
+            .map(|s| s.as_str())
+            .collect()
+    }
+
+    /// Draws the options of one run.
+    pub fn options(self, rng: &mut StdRng) -> Options {
+        let scenario = match self {
+            Scenario::Mixed => *Scenario::NAMED.choose(rng).expect("non-empty"),
+            named => named,
+        };
+        let mut o = Options::baseline(scenario, rng);
+        match scenario {
+            Scenario::Steady | Scenario::Mixed => {}
+            Scenario::Burst => burst(&mut o, rng),
+            Scenario::SameLabelRace => same_label_race(&mut o, rng),
+            Scenario::SupersetLabels => superset_labels(&mut o, rng),
+            Scenario::Cancellations => cancellations(&mut o, rng),
+            Scenario::ClusterFull => cluster_full(&mut o, rng),
+            Scenario::CrashLoop => crash_loop(&mut o, rng),
+            Scenario::Outages => outages(&mut o, rng),
+            Scenario::RateLimited => rate_limited(&mut o, rng),
+        }
+        o
+    }
+}
+
+impl serde::Serialize for Scenario {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl fmt::Display for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+fn burst(o: &mut Options, rng: &mut StdRng) {
+    o.burst_runs = rng.random_range(8..=20);
+    o.jobs_per_run = (1, rng.random_range(2..=5));
+    o.runs_per_hour = rng.random_range(0.0..6.0);
+    o.arrivals_end_s = rng.random_range(5..=15) * 60;
+    o.faults_end_s = o.faults_end_s.min(o.arrivals_end_s + 600);
+}
+
+/// Every run lands in one bucket: the first label set of the first repo.
+fn same_label_race(o: &mut Options, rng: &mut StdRng) {
+    for repo in &mut o.repos {
+        repo.label_sets.truncate(1);
+    }
+    o.repos.truncate(if rng.random_bool(0.5) { 1 } else { 3 });
+    o.burst_runs = rng.random_range(3..=10);
+    o.jobs_per_run = (2, rng.random_range(3..=6));
+    o.needs_probability = 0.0;
+    o.boot_s = (5, rng.random_range(6..=20));
+}
+
+/// Only the label sets that have a superset (or are one) in the same repo.
+fn superset_labels(o: &mut Options, rng: &mut StdRng) {
+    o.burst_runs = rng.random_range(2..=6);
+    o.runs_per_hour = rng.random_range(20.0..60.0);
+    // The superset label set is drawn as often as all the others together.
+    for repo in &mut o.repos {
+        if let Some(widest) = repo.label_sets.iter().max_by_key(|l| l.len()).cloned() {
+            let n = repo.label_sets.len();
+            repo.label_sets.extend(std::iter::repeat_n(widest, n - 1));
+        }
+    }
+}
+
+fn cancellations(o: &mut Options, rng: &mut StdRng) {
+    o.cancel_per_s = rng.random_range(1.0 / 300.0..1.0 / 30.0);
+    o.rerun_probability = rng.random_range(0.2..0.6);
+    o.runs_per_hour = rng.random_range(20.0..60.0);
+    o.stale_jobs = rng.random_range(1..=4);
+    // Slow boots leave time for a job to be cancelled before its runner comes up.
+    o.boot_s = (20, 60);
+}
+
+fn cluster_full(o: &mut Options, rng: &mut StdRng) {
+    o.cluster_slots = rng.random_range(1..=4);
+    o.burst_runs = rng.random_range(2..=8);
+    let start_s = rng.random_range(0..=10) * 60;
+    // Sometimes for over an hour: children stay pending without an allocation all that time.
+    let length_s = if rng.random_bool(0.3) {
+        rng.random_range(61..=70) * 60
+    } else {
+        rng.random_range(5..=30) * 60
+    };
+    o.foreign_load = Some(ForeignLoad {
+        start_s,
+        end_s: start_s + length_s,
+        slots: o.cluster_slots,
+    });
+    o.faults_end_s = o.faults_end_s.max(start_s + length_s);
+    o.arrivals_end_s = o.arrivals_end_s.min(o.faults_end_s);
+}
+
+fn crash_loop(o: &mut Options, rng: &mut StdRng) {
+    o.crash_probability = rng.random_range(0.3..0.9);
+    o.boot_s = (5, rng.random_range(10..=60));
+}
+
+fn outages(o: &mut Options, rng: &mut StdRng) {
+    o.faults_end_s = o.faults_end_s.max(rng.random_range(25..=40) * 60);
+    for _ in 0..rng.random_range(1..=4) {
+        let service = *Service::ALL.choose(rng).expect("non-empty");
+        // Some longer than the ten-minute reaping grace window.
+        let length = if rng.random_bool(0.5) {
+            (660, 1500)
+        } else {
+            (30, 300)
+        };
+        o.outages.push(outage(rng, service, o.faults_end_s, length));
+    }
+}
+
+fn rate_limited(o: &mut Options, rng: &mut StdRng) {
+    o.rate_limit_reset_s = (30, rng.random_range(300..=900));
+    for service in [Service::GitHub, Service::Forgejo] {
+        o.faults.insert(
+            service,
+            FaultRates {
+                transient: 0.005,
+                malformed: 0.0,
+                rate_limited: rng.random_range(0.01..0.08),
+            },
+        );
+    }
+}

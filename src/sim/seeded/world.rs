@@ -1,0 +1,731 @@
+//! The truth of GitHub, Forgejo and Nomad, and how it moves one simulated second at a time.
+//!
+//! GitHub as it behaves: work arrives in runs of several jobs, some gated by `needs:` (a gated
+//! job is created queued only when the job before it completes); queued jobs get cancelled,
+//! runs get re-run with new job ids, a job queued for 24 hours is cancelled; an idle registered
+//! runner is offered a random queued job whose labels are all among its own, not the one it was
+//! dispatched for; status changes reach the API 0–3 s late (each job keeps a *visible* copy
+//! that catches up). Forgejo reports claims at once.
+//!
+//! Nomad as it behaves: a dispatched child is pending without an allocation; it is placed after
+//! a delay only while the cluster has room; its runner boots in 5–60 s and registers, or
+//! crashes (a failed start); a runner exits after its one job, or after an idle timeout; dead
+//! children stay listed until purged.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use rand::Rng;
+use rand::rngs::StdRng;
+use rand::seq::IndexedRandom;
+
+use super::options::{ForgeKind, Options};
+use super::trace::Trace;
+use crate::model::{ChildId, LabelSet, RepoName, RunnerName};
+use crate::observe::{ChildStatus, Placement};
+
+/// GitHub cancels a self-hosted job that has been queued this long (BRIEF lesson 11).
+pub const QUEUED_JOB_CANCEL_S: i64 = 24 * 3600;
+
+/// Where a job really stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Truth {
+    /// Waits (`needs:`) for the job with this id to complete; not listed by the forge yet.
+    Gated {
+        after: u64,
+    },
+    Queued,
+    Running {
+        runner: RunnerName,
+        done_at: u64,
+    },
+    Completed,
+    Cancelled,
+}
+
+/// What the forge's API shows of a job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Visible {
+    Hidden,
+    Queued,
+    Running(RunnerName),
+}
+
+#[derive(Clone, Debug)]
+pub struct Job {
+    pub repo: RepoName,
+    pub forge: ForgeKind,
+    pub labels: LabelSet,
+    /// `runs-on` as the workflow spells it.
+    pub raw_labels: Vec<String>,
+    pub run: u64,
+    pub truth: Truth,
+    /// When it was (last) queued; negative for jobs queued before the run began.
+    pub queued_at_s: i64,
+    pub visible: Visible,
+    /// The next visible state and when it shows.
+    pub catching_up: Option<(u64, Visible)>,
+}
+
+impl Job {
+    fn is_terminal(&self) -> bool {
+        matches!(self.truth, Truth::Completed | Truth::Cancelled)
+    }
+}
+
+/// The runner inside a child, as far as it got.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// No allocation: placed from `eligible_at` on, when the cluster has room.
+    Unplaced {
+        eligible_at: u64,
+    },
+    Booting {
+        ready_at: u64,
+    },
+    Idle {
+        since: u64,
+    },
+    Busy {
+        job: u64,
+    },
+    Exited,
+}
+
+#[derive(Clone, Debug)]
+pub struct SimChild {
+    pub parent: String,
+    /// `None` for a child dispatched by hand (no `managed_by` marker).
+    pub repo: Option<RepoName>,
+    pub repo_url: Option<String>,
+    pub labels: LabelSet,
+    pub runner: Option<RunnerName>,
+    pub submitted_s: u64,
+    pub status: ChildStatus,
+    pub placement: Placement,
+    pub phase: Phase,
+    /// The registration token as Nomad stores it in meta (a canary: it must never show).
+    pub token: Option<String>,
+}
+
+/// A run as a workflow defines it, kept for re-runs: each job's labels and the index of the
+/// job it needs.
+#[derive(Clone, Debug)]
+struct RunTemplate {
+    repo: usize,
+    jobs: Vec<(Vec<&'static str>, Option<usize>)>,
+}
+
+/// Counts the invariants are judged by.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Counts {
+    /// Jobs that became queued at some point.
+    pub jobs: u64,
+    pub jobs_completed: u64,
+    /// Jobs cancelled after being queued (by a user, or by GitHub after 24 hours).
+    pub jobs_cancelled: u64,
+    /// New children (deduplicated dispatches are not new).
+    pub dispatches: u64,
+    pub dispatches_deduplicated: u64,
+    /// Runners that crashed at boot before registering.
+    pub failed_starts: u64,
+    /// A runner took a job of another bucket (its labels a superset of the job's).
+    pub cross_bucket_takes: u64,
+    /// Runners that exited on their idle timeout without a job.
+    pub idle_exits: u64,
+    pub purges: u64,
+    /// Children purged while their runner was executing a job (I1).
+    pub escaped_busy: u64,
+    /// Children purged while their runner was alive but not busy.
+    pub live_runners_purged: u64,
+    /// Foreign children purged (never allowed).
+    pub foreign_purged: u64,
+}
+
+impl Counts {
+    /// Adds another run's counts (for a sweep's totals).
+    pub fn add(&mut self, other: &Counts) {
+        self.jobs += other.jobs;
+        self.jobs_completed += other.jobs_completed;
+        self.jobs_cancelled += other.jobs_cancelled;
+        self.dispatches += other.dispatches;
+        self.dispatches_deduplicated += other.dispatches_deduplicated;
+        self.failed_starts += other.failed_starts;
+        self.cross_bucket_takes += other.cross_bucket_takes;
+        self.idle_exits += other.idle_exits;
+        self.purges += other.purges;
+        self.escaped_busy += other.escaped_busy;
+        self.live_runners_purged += other.live_runners_purged;
+        self.foreign_purged += other.foreign_purged;
+    }
+}
+
+/// The world's truth.
+pub struct World {
+    pub jobs: BTreeMap<u64, Job>,
+    pub children: BTreeMap<ChildId, SimChild>,
+    /// Idempotency token → the child it created.
+    pub idempotency: BTreeMap<String, ChildId>,
+    runs: BTreeMap<u64, RunTemplate>,
+    next_id: u64,
+    pub counts: Counts,
+    /// `repo_url` meta → repo.
+    pub repo_urls: BTreeMap<String, RepoName>,
+    repo_names: Vec<RepoName>,
+}
+
+/// Unix time of simulated second 0 (a Monday morning), the base of child ids.
+pub const EPOCH_UNIX: i64 = 1_736_150_400;
+
+impl World {
+    pub fn new(options: &Options, repo_urls: BTreeMap<String, RepoName>) -> World {
+        let repo_names = options
+            .repos
+            .iter()
+            .map(|r| RepoName::parse(r.name).expect("scenario repo names are valid"))
+            .collect();
+        World {
+            jobs: BTreeMap::new(),
+            children: BTreeMap::new(),
+            idempotency: BTreeMap::new(),
+            runs: BTreeMap::new(),
+            next_id: 1000,
+            counts: Counts::default(),
+            repo_urls,
+            repo_names,
+        }
+    }
+
+    fn next_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// A hand-dispatched child, running: shown by Nomad, never ours to count or purge.
+    pub fn add_foreign_child(&mut self, parent: &str) {
+        let id = ChildId(format!(
+            "{parent}/dispatch-{EPOCH_UNIX}-{:08x}",
+            self.next_id()
+        ));
+        self.children.insert(
+            id,
+            SimChild {
+                parent: parent.to_string(),
+                repo: None,
+                repo_url: None,
+                labels: LabelSet::default(),
+                runner: None,
+                submitted_s: 0,
+                status: ChildStatus::Running,
+                placement: Placement::Placed,
+                phase: Phase::Exited,
+                token: None,
+            },
+        );
+    }
+
+    /// Moves the world to second `t`.
+    pub fn advance(&mut self, t: u64, o: &Options, rng: &mut StdRng, trace: &mut Trace) {
+        if t == 0 {
+            for _ in 0..o.burst_runs {
+                self.new_run(t, o, rng, trace);
+            }
+            for _ in 0..o.stale_jobs {
+                self.stale_job(o, rng, trace);
+            }
+        } else if t < o.arrivals_end_s && rng.random_bool((o.runs_per_hour / 3600.0).min(1.0)) {
+            self.new_run(t, o, rng, trace);
+        }
+        self.cancel_queued(t, o, rng, trace);
+        self.place(t, o, rng, trace);
+        self.boot(t, o, rng, trace);
+        self.finish_jobs(t, o, rng, trace);
+        self.offer_jobs(t, o, rng, trace);
+        self.catch_up(t);
+    }
+
+    fn new_run(&mut self, t: u64, o: &Options, rng: &mut StdRng, trace: &mut Trace) {
+        let repo = rng.random_range(0..o.repos.len());
+        let count = rng.random_range(o.jobs_per_run.0..=o.jobs_per_run.1);
+        let jobs = (0..count as usize)
+            .map(|i| {
+                let labels = o.repos[repo]
+                    .label_sets
+                    .choose(rng)
+                    .expect("repos have label sets")
+                    .clone();
+                let needs = (i > 0 && rng.random_bool(o.needs_probability)).then(|| i - 1);
+                (labels, needs)
+            })
+            .collect();
+        self.start_run(t, o, RunTemplate { repo, jobs }, trace, rng);
+    }
+
+    fn start_run(
+        &mut self,
+        t: u64,
+        o: &Options,
+        template: RunTemplate,
+        trace: &mut Trace,
+        rng: &mut StdRng,
+    ) {
+        let run = self.next_id();
+        let repo = self.repo_names[template.repo].clone();
+        let forge = o.repos[template.repo].forge;
+        let mut ids = Vec::new();
+        for (labels, needs) in &template.jobs {
+            let id = self.next_id();
+            let truth = match needs {
+                Some(i) => Truth::Gated { after: ids[*i] },
+                None => Truth::Queued,
+            };
+            let job = Job {
+                repo: repo.clone(),
+                forge,
+                labels: LabelSet::parse(labels).expect("scenario labels are valid"),
+                raw_labels: labels.iter().map(|l| l.to_string()).collect(),
+                run,
+                truth: Truth::Cancelled,
+                queued_at_s: t as i64,
+                visible: Visible::Hidden,
+                catching_up: None,
+            };
+            self.jobs.insert(id, job);
+            if truth == Truth::Queued {
+                self.set_queued(id, t, o, rng);
+            } else {
+                self.jobs.get_mut(&id).expect("just inserted").truth = truth;
+            }
+            ids.push(id);
+        }
+        trace.record(t, format!("run {run} in {repo}: jobs {ids:?}"));
+        self.runs.insert(run, template);
+    }
+
+    /// A job queued almost 24 hours ago: GitHub cancels it during the run unless served.
+    fn stale_job(&mut self, o: &Options, rng: &mut StdRng, trace: &mut Trace) {
+        let github: Vec<usize> = (0..o.repos.len())
+            .filter(|i| o.repos[*i].forge == ForgeKind::GitHub)
+            .collect();
+        let Some(&repo) = github.choose(rng) else {
+            return;
+        };
+        let labels = o.repos[repo].label_sets[0].clone();
+        self.start_run(
+            0,
+            o,
+            RunTemplate {
+                repo,
+                jobs: vec![(labels, None)],
+            },
+            trace,
+            rng,
+        );
+        let id = self.next_id;
+        let age = QUEUED_JOB_CANCEL_S - rng.random_range(60..=1800);
+        if let Some(job) = self.jobs.get_mut(&id) {
+            job.queued_at_s = -age;
+        }
+    }
+
+    fn lag(&self, forge: ForgeKind, o: &Options, rng: &mut StdRng) -> u64 {
+        match forge {
+            ForgeKind::GitHub => rng.random_range(0..=o.status_lag_max_s),
+            // Forgejo answers from its database: a claim shows at once (as `waiting` with a
+            // task id, which the port reports as claimed).
+            ForgeKind::Forgejo => 0,
+        }
+    }
+
+    fn show(&mut self, id: u64, t: u64, visible: Visible, o: &Options, rng: &mut StdRng) {
+        let Some(forge) = self.jobs.get(&id).map(|j| j.forge) else {
+            return;
+        };
+        let at = t + self.lag(forge, o, rng);
+        let job = self.jobs.get_mut(&id).expect("checked above");
+        job.catching_up = Some((at, visible));
+    }
+
+    fn set_queued(&mut self, id: u64, t: u64, o: &Options, rng: &mut StdRng) {
+        let job = self.jobs.get_mut(&id).expect("job exists");
+        job.truth = Truth::Queued;
+        job.queued_at_s = t as i64;
+        self.counts.jobs += 1;
+        self.show(id, t, Visible::Queued, o, rng);
+    }
+
+    fn cancel(
+        &mut self,
+        id: u64,
+        t: u64,
+        why: &str,
+        o: &Options,
+        rng: &mut StdRng,
+        trace: &mut Trace,
+    ) {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        let was_queued = job.truth == Truth::Queued;
+        job.truth = Truth::Cancelled;
+        if was_queued {
+            self.counts.jobs_cancelled += 1;
+            trace.record(t, format!("job {id} cancelled ({why})"));
+        }
+        self.show(id, t, Visible::Hidden, o, rng);
+        // Jobs that needed it never run.
+        let gated: Vec<u64> = self
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.truth == Truth::Gated { after: id })
+            .map(|(i, _)| *i)
+            .collect();
+        for g in gated {
+            self.cancel(g, t, why, o, rng, trace);
+        }
+    }
+
+    fn cancel_queued(&mut self, t: u64, o: &Options, rng: &mut StdRng, trace: &mut Trace) {
+        let queued: Vec<(u64, i64)> = self
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.truth == Truth::Queued)
+            .map(|(id, j)| (*id, j.queued_at_s))
+            .collect();
+        for (id, queued_at_s) in queued {
+            if t as i64 - queued_at_s >= QUEUED_JOB_CANCEL_S {
+                self.cancel(id, t, "queued for 24 hours", o, rng, trace);
+            } else if o.cancel_per_s > 0.0 && rng.random_bool(o.cancel_per_s) {
+                self.cancel(id, t, "by a user", o, rng, trace);
+                self.maybe_rerun(id, t, o, rng, trace);
+            }
+        }
+    }
+
+    fn maybe_rerun(&mut self, job: u64, t: u64, o: &Options, rng: &mut StdRng, trace: &mut Trace) {
+        if t >= o.arrivals_end_s || !rng.random_bool(o.rerun_probability) {
+            return;
+        }
+        let Some(run) = self.jobs.get(&job).map(|j| j.run) else {
+            return;
+        };
+        if let Some(template) = self.runs.remove(&run) {
+            trace.record(t, format!("run {run} re-run"));
+            self.start_run(t, o, template, trace, rng);
+        }
+    }
+
+    /// Slots held by our placed, live children and by foreign work.
+    fn slots_used(&self, t: u64, o: &Options) -> u32 {
+        let ours = self
+            .children
+            .values()
+            .filter(|c| {
+                matches!(
+                    c.phase,
+                    Phase::Booting { .. } | Phase::Idle { .. } | Phase::Busy { .. }
+                )
+            })
+            .count() as u32;
+        ours + o.foreign_slots_at(t)
+    }
+
+    fn place(&mut self, t: u64, o: &Options, rng: &mut StdRng, trace: &mut Trace) {
+        let mut free = o.cluster_slots.saturating_sub(self.slots_used(t, o));
+        // Child ids sort by submission (unix time, then a counter): first come, first placed.
+        let ids: Vec<ChildId> = self.children.keys().cloned().collect();
+        for id in ids {
+            if free == 0 {
+                break;
+            }
+            let child = self.children.get_mut(&id).expect("listed above");
+            if let Phase::Unplaced { eligible_at } = child.phase
+                && eligible_at <= t
+                && child.status == ChildStatus::Pending
+            {
+                child.phase = Phase::Booting {
+                    ready_at: t + rng.random_range(o.boot_s.0..=o.boot_s.1),
+                };
+                child.status = ChildStatus::Running;
+                child.placement = Placement::Placed;
+                free -= 1;
+                trace.record(t, format!("placed {id}"));
+            }
+        }
+    }
+
+    fn boot(&mut self, t: u64, o: &Options, rng: &mut StdRng, trace: &mut Trace) {
+        for (id, child) in &mut self.children {
+            if let Phase::Booting { ready_at } = child.phase
+                && ready_at <= t
+            {
+                // Boot crashes are a fault of the cluster: they stop with the other faults.
+                if t < o.faults_end_s && rng.random_bool(o.crash_probability) {
+                    exit(child);
+                    self.counts.failed_starts += 1;
+                    trace.record(t, format!("runner of {id} crashed at boot"));
+                } else {
+                    child.phase = Phase::Idle { since: t };
+                    trace.record(t, format!("runner of {id} registered"));
+                }
+            }
+        }
+    }
+
+    fn finish_jobs(&mut self, t: u64, o: &Options, rng: &mut StdRng, trace: &mut Trace) {
+        let done: Vec<u64> = self
+            .jobs
+            .iter()
+            .filter(|(_, j)| matches!(j.truth, Truth::Running { done_at, .. } if done_at <= t))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in done {
+            let job = self.jobs.get_mut(&id).expect("listed above");
+            let Truth::Running { runner, .. } = job.truth.clone() else {
+                continue;
+            };
+            job.truth = Truth::Completed;
+            self.counts.jobs_completed += 1;
+            self.show(id, t, Visible::Hidden, o, rng);
+            // The ephemeral runner deregisters and exits after its one job.
+            if let Some(child) = self
+                .children
+                .values_mut()
+                .find(|c| c.runner.as_ref() == Some(&runner))
+            {
+                exit(child);
+            }
+            trace.record(t, format!("job {id} completed on {runner}"));
+            let gated: Vec<u64> = self
+                .jobs
+                .iter()
+                .filter(|(_, j)| j.truth == Truth::Gated { after: id })
+                .map(|(i, _)| *i)
+                .collect();
+            for g in gated {
+                self.set_queued(g, t, o, rng);
+                trace.record(t, format!("job {g} queued after {id}"));
+            }
+            let run = self.jobs[&id].run;
+            let run_over = self
+                .jobs
+                .values()
+                .filter(|j| j.run == run)
+                .all(Job::is_terminal);
+            if run_over {
+                self.maybe_rerun(id, t, o, rng, trace);
+            }
+        }
+    }
+
+    /// Every idle registered runner is offered a random queued job of its repo whose labels
+    /// are all among its own; one with none gives up after the idle timeout.
+    fn offer_jobs(&mut self, t: u64, o: &Options, rng: &mut StdRng, trace: &mut Trace) {
+        let idle: Vec<ChildId> = self
+            .children
+            .iter()
+            .filter(|(_, c)| matches!(c.phase, Phase::Idle { .. }))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in idle {
+            let child = &self.children[&id];
+            let (Some(repo), Some(runner)) = (child.repo.clone(), child.runner.clone()) else {
+                continue;
+            };
+            let offers: Vec<u64> = self
+                .jobs
+                .iter()
+                .filter(|(_, j)| {
+                    j.truth == Truth::Queued && j.repo == repo && j.labels.is_subset(&child.labels)
+                })
+                .map(|(id, _)| *id)
+                .collect();
+            let child_labels = child.labels.clone();
+            let since = match child.phase {
+                Phase::Idle { since } => since,
+                _ => t,
+            };
+            match offers.choose(rng) {
+                Some(&job_id) => {
+                    let done_at = t + rng.random_range(o.job_s.0..=o.job_s.1);
+                    let job = self.jobs.get_mut(&job_id).expect("offered");
+                    job.truth = Truth::Running {
+                        runner: runner.clone(),
+                        done_at,
+                    };
+                    let cross = job.labels != child_labels;
+                    if cross {
+                        self.counts.cross_bucket_takes += 1;
+                    }
+                    self.children.get_mut(&id).expect("listed").phase = Phase::Busy { job: job_id };
+                    self.show(job_id, t, Visible::Running(runner.clone()), o, rng);
+                    trace.record(
+                        t,
+                        format!(
+                            "{runner} took job {job_id}{}",
+                            if cross { " (another bucket's)" } else { "" }
+                        ),
+                    );
+                }
+                None if t.saturating_sub(since) >= o.idle_timeout_s => {
+                    exit(self.children.get_mut(&id).expect("listed"));
+                    self.counts.idle_exits += 1;
+                    trace.record(t, format!("{runner} gave up idle"));
+                }
+                None => {}
+            }
+        }
+    }
+
+    fn catch_up(&mut self, t: u64) {
+        for job in self.jobs.values_mut() {
+            if let Some((at, _)) = &job.catching_up
+                && *at <= t
+            {
+                job.visible = job.catching_up.take().expect("checked").1;
+            }
+        }
+        self.jobs.retain(|_, j| {
+            !(j.is_terminal() && j.visible == Visible::Hidden && j.catching_up.is_none())
+        });
+    }
+
+    /// Nomad's dispatch: a new pending child without an allocation.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dispatch(
+        &mut self,
+        t: u64,
+        o: &Options,
+        rng: &mut StdRng,
+        parent: &str,
+        repo_url: &str,
+        labels: &str,
+        runner: &RunnerName,
+        token: Option<String>,
+    ) -> ChildId {
+        let id = ChildId(format!(
+            "{parent}/dispatch-{}-{:08x}",
+            EPOCH_UNIX + t as i64,
+            self.next_id()
+        ));
+        let eligible_at = t + rng.random_range(o.place_delay_s.0..=o.place_delay_s.1);
+        self.children.insert(
+            id.clone(),
+            SimChild {
+                parent: parent.to_string(),
+                repo: self.repo_urls.get(repo_url.trim_end_matches('/')).cloned(),
+                repo_url: Some(repo_url.to_string()),
+                labels: LabelSet::from_meta(labels).unwrap_or_default(),
+                runner: Some(runner.clone()),
+                submitted_s: t,
+                status: ChildStatus::Pending,
+                placement: Placement::Unplaced,
+                phase: Phase::Unplaced { eligible_at },
+                token,
+            },
+        );
+        self.counts.dispatches += 1;
+        id
+    }
+
+    /// Nomad's purge: the child disappears, its runner with it.
+    pub fn purge(&mut self, t: u64, id: &ChildId, trace: &mut Trace) {
+        let Some(child) = self.children.remove(id) else {
+            return;
+        };
+        self.counts.purges += 1;
+        if child.repo.is_none() && child.repo_url.is_none() {
+            self.counts.foreign_purged += 1;
+        }
+        match child.phase {
+            Phase::Busy { job } => {
+                self.counts.escaped_busy += 1;
+                trace.record(t, format!("purged {id} while it ran job {job}"));
+                // The job dies with its runner.
+                if let Some(j) = self.jobs.get_mut(&job) {
+                    j.truth = Truth::Cancelled;
+                    j.visible = Visible::Hidden;
+                    j.catching_up = None;
+                }
+            }
+            Phase::Booting { .. } | Phase::Idle { .. } => {
+                self.counts.live_runners_purged += 1;
+                trace.record(t, format!("purged {id} with a live runner"));
+            }
+            Phase::Unplaced { .. } | Phase::Exited => trace.record(t, format!("purged {id}")),
+        }
+    }
+
+    /// Children of ours that are pending or running.
+    pub fn in_flight(&self) -> impl Iterator<Item = (&ChildId, &SimChild)> {
+        self.children
+            .iter()
+            .filter(|(_, c)| c.repo.is_some() && c.status.is_in_flight())
+    }
+
+    /// Jobs not yet completed or cancelled (gated ones included).
+    pub fn open_jobs(&self) -> usize {
+        self.jobs.values().filter(|j| !j.is_terminal()).count()
+    }
+
+    /// Jobs the forges still list as queued or in progress.
+    pub fn visible_jobs(&self) -> usize {
+        self.jobs
+            .values()
+            .filter(|j| j.visible != Visible::Hidden)
+            .count()
+    }
+
+    /// The longest chain of `needs:` among open jobs.
+    pub fn needs_depth(&self) -> u64 {
+        let mut deepest = 0;
+        for job in self.jobs.values() {
+            let mut depth = 0;
+            let mut truth = job.truth.clone();
+            while let Truth::Gated { after } = truth {
+                depth += 1;
+                truth = self
+                    .jobs
+                    .get(&after)
+                    .map(|j| j.truth.clone())
+                    .unwrap_or(Truth::Completed);
+            }
+            deepest = deepest.max(depth);
+        }
+        deepest
+    }
+
+    pub fn repos(&self) -> &[RepoName] {
+        &self.repo_names
+    }
+
+    /// Open jobs per repo and label set, for the convergence bound.
+    pub fn open_jobs_by_bucket(&self) -> BTreeMap<(RepoName, LabelSet), u64> {
+        let mut out = BTreeMap::new();
+        for job in self.jobs.values().filter(|j| !j.is_terminal()) {
+            *out.entry((job.repo.clone(), job.labels.clone()))
+                .or_default() += 1;
+        }
+        out
+    }
+
+    /// Ids of the children of `parent`.
+    pub fn children_of<'a>(
+        &'a self,
+        parent: &'a str,
+    ) -> impl Iterator<Item = (&'a ChildId, &'a SimChild)> {
+        self.children
+            .iter()
+            .filter(move |(_, c)| c.parent == parent)
+    }
+
+    /// Every parent any child was dispatched to.
+    pub fn parents(&self) -> BTreeSet<String> {
+        self.children.values().map(|c| c.parent.clone()).collect()
+    }
+}
+
+fn exit(child: &mut SimChild) {
+    child.phase = Phase::Exited;
+    child.status = ChildStatus::Dead;
+    child.placement = Placement::Finished;
+}

@@ -1,0 +1,244 @@
+//! The seeded simulator: the real controller over the simulated world, seeds swept in
+//! parallel, every invariant checked every step; the same seed replays exactly; and mutant
+//! planners with known bugs make the sweep fail.
+
+use std::process::Command;
+
+use runner_scaler::observe::{ChildStatus, Placement};
+use runner_scaler::plan::{Plan, PlanInput, plan};
+use runner_scaler::sim::seeded::{
+    RunSettings, Scenario, SweepReport, run_seed, run_seed_with, sweep, sweep_with,
+};
+
+fn failures(report: &SweepReport) -> String {
+    report
+        .failures
+        .iter()
+        .filter_map(|f| f.failure_line())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn two_hundred_mixed_seeds_hold_every_invariant() {
+    let report = sweep(Scenario::Mixed, 1..=200, 2);
+    assert!(report.ok(), "{}", failures(&report));
+    assert_eq!(report.passed, 200);
+    // Mixed really mixes: every named scenario is drawn.
+    assert_eq!(
+        report.picked.len(),
+        Scenario::NAMED.len(),
+        "{:?}",
+        report.picked
+    );
+    // The world did what it is for: work, faults of each kind, cross-bucket takes.
+    let c = &report.totals;
+    assert!(c.jobs > 1000 && c.dispatches > 1000, "{c:?}");
+    assert!(
+        c.failed_starts > 0 && c.jobs_cancelled > 0 && c.cross_bucket_takes > 0,
+        "{c:?}"
+    );
+    assert!(
+        c.dispatches_deduplicated > 0,
+        "no lost dispatch response was replayed: {c:?}"
+    );
+    assert_eq!(c.escaped_busy, 0);
+}
+
+#[test]
+fn every_named_scenario_holds_for_a_few_seeds() {
+    for scenario in Scenario::NAMED {
+        let report = sweep(scenario, 1000..1008, 2);
+        assert!(report.ok(), "{scenario}: {}", failures(&report));
+        assert_eq!(
+            report.picked.keys().collect::<Vec<_>>(),
+            [scenario.as_str()]
+        );
+    }
+}
+
+#[test]
+fn a_seed_replays_exactly_and_seeds_differ() {
+    let first = run_seed(Scenario::Mixed, 42);
+    let again = run_seed(Scenario::Mixed, 42);
+    assert_eq!(first.trace_hash, again.trace_hash);
+    assert_eq!(first.trace_events, again.trace_events);
+    assert_eq!(first.counts, again.counts);
+    // Keeping the trace as text changes nothing about the run.
+    let kept = run_seed_with(
+        Scenario::Mixed,
+        42,
+        RunSettings {
+            keep_trace: true,
+            ..Default::default()
+        },
+    );
+    assert_eq!(kept.trace_hash, first.trace_hash);
+    assert_eq!(kept.trace.len() as u64, kept.trace_events);
+
+    let hashes: std::collections::BTreeSet<String> = (1..=20)
+        .map(|seed| run_seed(Scenario::Steady, seed).trace_hash)
+        .collect();
+    assert_eq!(hashes.len(), 20, "two seeds gave the same trace");
+}
+
+#[test]
+fn replayed_trace_names_what_was_dispatched_and_why_buckets_were_held() {
+    let outcome = run_seed_with(
+        Scenario::ClusterFull,
+        3,
+        RunSettings {
+            keep_trace: true,
+            ..Default::default()
+        },
+    );
+    assert!(outcome.ok(), "{:?}", outcome.failure_line());
+    assert!(outcome.trace.iter().any(|e| e.contains("dispatched ")));
+    let bound = outcome
+        .convergence
+        .expect("the run reached its convergence phase");
+    assert!(bound.bound_s > bound.from_s);
+    assert!(outcome.simulated_s <= bound.bound_s);
+}
+
+/// The bug of BRIEF lesson 5: children Nomad could not place yet are not counted, so every
+/// tick dispatches again while the cluster is full.
+fn ignores_unplaced_children(input: PlanInput<'_>) -> Plan {
+    let mut snapshot = input.snapshot.clone();
+    for children in snapshot.parents.values_mut().flatten() {
+        children
+            .retain(|c| !(c.status == ChildStatus::Pending && c.placement == Placement::Unplaced));
+    }
+    plan(PlanInput {
+        snapshot: &snapshot,
+        ..input
+    })
+}
+
+#[test]
+fn a_planner_that_ignores_unplaced_children_fails_the_cluster_full_sweep() {
+    let report = sweep_with(
+        Scenario::ClusterFull,
+        1..=20,
+        2,
+        RunSettings {
+            planner: Some(ignores_unplaced_children),
+            keep_trace: false,
+        },
+    );
+    assert!(!report.ok(), "the mutant survived 20 cluster-full seeds");
+    for failure in &report.failures {
+        let v = failure
+            .violation
+            .as_ref()
+            .expect("failures carry a violation");
+        assert!(
+            v.invariant == "I3" || v.invariant == "I7",
+            "{}",
+            failure.failure_line().unwrap_or_default()
+        );
+        assert!(failure.replay_command().ends_with(&format!(
+            "simulate --scenario cluster-full --seed {}",
+            failure.seed
+        )));
+    }
+}
+
+fn never_dispatches(input: PlanInput<'_>) -> Plan {
+    let mut plan = plan(input);
+    plan.dispatches.clear();
+    plan
+}
+
+#[test]
+fn a_planner_that_never_dispatches_fails_on_timeliness() {
+    let report = sweep_with(
+        Scenario::Steady,
+        1..=4,
+        2,
+        RunSettings {
+            planner: Some(never_dispatches),
+            keep_trace: false,
+        },
+    );
+    assert_eq!(report.failures.len(), 4, "{}", failures(&report));
+    for failure in &report.failures {
+        assert_eq!(failure.violation.as_ref().map(|v| v.invariant), Some("I2"));
+    }
+}
+
+/// Dispatches one runner more than missing for every bucket that misses one.
+fn one_extra_runner(input: PlanInput<'_>) -> Plan {
+    let mut plan = plan(input);
+    let extra = plan.dispatches.clone();
+    plan.dispatches.extend(extra);
+    plan
+}
+
+#[test]
+fn a_planner_that_overdispatches_fails_on_caps_or_storms() {
+    let report = sweep_with(
+        Scenario::Burst,
+        1..=6,
+        2,
+        RunSettings {
+            planner: Some(one_extra_runner),
+            keep_trace: false,
+        },
+    );
+    assert!(!report.failures.is_empty());
+    for failure in &report.failures {
+        let invariant = failure.violation.as_ref().map(|v| v.invariant);
+        assert!(
+            matches!(invariant, Some("I3" | "I7")),
+            "{}",
+            failure.failure_line().unwrap_or_default()
+        );
+    }
+}
+
+fn simulate(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_runner-scaler"))
+        .arg("simulate")
+        .args(args)
+        .output()
+        .expect("run runner-scaler");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn simulate_sweeps_replays_and_refuses_what_it_cannot_do() {
+    let (code, stdout, _) = simulate(&["--scenario", "steady", "--seeds", "4"]);
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(stdout.contains("seeds 1..=4"), "{stdout}");
+    assert!(stdout.contains("passed 4 of 4"), "{stdout}");
+    assert!(stdout.contains("I4 pending: surplus reaping does not exist yet"));
+
+    let (code, stdout, _) = simulate(&["--scenario", "outages", "--seed", "7"]);
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(stdout.contains("trace hash "), "{stdout}");
+    assert!(stdout.contains("I6 bound: converge by t="), "{stdout}");
+    assert!(!stdout.contains("CANARY"), "a token reached the output");
+
+    let (code, stdout, _) = simulate(&["--scenario", "burst", "--seed", "7", "--json"]);
+    assert_eq!(code, Some(0));
+    let json: serde_json::Value = serde_json::from_str(&stdout).expect("--json prints JSON");
+    assert_eq!(json["scenario"], "burst");
+    assert_eq!(json["seed"], 7);
+    assert!(json["violation"].is_null());
+
+    let (code, _, stderr) = simulate(&["--scenario", "nonsense", "--seeds", "1"]);
+    assert_eq!(code, Some(64));
+    assert!(
+        stderr.contains("same-label-race") && stderr.contains("mixed"),
+        "{stderr}"
+    );
+
+    let (code, _, stderr) = simulate(&["--bench"]);
+    assert_eq!(code, Some(64));
+    assert!(stderr.contains("--bench is not built yet"), "{stderr}");
+}
