@@ -301,8 +301,9 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         let supply = in_flight.per_bucket.get(&key).copied().unwrap_or(0);
         // Forgejo names no runner on a job: a claimed job is assumed to run on one of its
         // bucket's children, up to their number, so a job on someone else's runner never
-        // makes us dispatch.
-        let in_progress = d.in_progress + d.claimed.min(supply);
+        // makes us dispatch. A child runs one job at a time, so however many jobs a forge
+        // says run on the bucket's children, no more than their number do.
+        let in_progress = (d.in_progress + d.claimed.min(supply)).min(supply);
         let queued = d.queued.len() as u32;
         let missing = (queued + in_progress).saturating_sub(supply);
         let repo_config = config.repos.get(&key.repo);
