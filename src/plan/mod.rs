@@ -21,7 +21,7 @@ use crate::config::{Config, RepoConfig, Route, Unroutable};
 use crate::model::{BucketKey, ChildId, LabelRejection, RepoName};
 use crate::observe::{JobState, Snapshot};
 
-use index::{Bucket, Buckets, LabelSets, RepoSlot, Repos};
+use index::{Bucket, Buckets, JobsOfRepo, LabelSets, QueuedJobs, RepoSlot, Repos};
 // The table tests name these through `super::*`.
 #[cfg(test)]
 use crate::model::{LabelSet, RunnerName};
@@ -174,18 +174,27 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
     let mut buckets = Buckets::default();
 
     // Supply, counted from Nomad's own listing.
+    let listed: usize = snapshot.parents.values().flatten().map(Vec::len).sum();
     // runner name → the bucket of the child it runs in.
-    let mut runners: HashMap<&str, usize> = HashMap::new();
+    let mut runners: HashMap<&str, usize> = HashMap::with_capacity(listed);
+    // `repo_url` meta → repo slot: a repo's children share one URL.
+    let mut repo_of_url: HashMap<&str, Option<usize>> =
+        HashMap::with_capacity(snapshot.repo_urls.len());
     for child in snapshot.our_listed_children() {
         if !child.status.is_in_flight() {
             out.purges.push(child.id.clone());
             continue;
         }
         out.in_flight_total += 1;
-        let Some(repo) = snapshot.repo_of(child) else {
+        let repo = match child.repo_url.as_deref() {
+            Some(url) => *repo_of_url
+                .entry(url)
+                .or_insert_with(|| snapshot.repo_of(child).map(|r| repos.intern(r))),
+            None => None,
+        };
+        let Some(repo) = repo else {
             continue;
         };
-        let repo = repos.intern(repo);
         repos.slots[repo].in_flight += 1;
         let Some(labels) = child
             .labels
@@ -203,6 +212,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
     out.purges.sort();
 
     // Demand, from the forges.
+    let mut queued_jobs = QueuedJobs::default();
     for (name, listing) in &snapshot.repos {
         let repo = repos.intern(name);
         let listing = match listing {
@@ -212,8 +222,9 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
                 continue;
             }
         };
+        let mut routing = JobsOfRepo::new(repo);
         for job in &listing.jobs {
-            let labels = match label_sets.of_job(&job.labels) {
+            let labels = match routing.labels(&job.labels, &mut label_sets) {
                 Ok(labels) => labels,
                 Err(why) => {
                     if job.state == JobState::Queued {
@@ -231,8 +242,8 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
                     out.queued_total += 1;
                     // The loop fills in first sightings; a job without one sorts as if queued now.
                     let queued_at = job.queued_at.unwrap_or(now);
-                    let bucket = buckets.get_or_insert(repo, labels);
-                    buckets.all[bucket].queued.push((queued_at, job.id));
+                    let bucket = routing.bucket(labels, &mut buckets);
+                    queued_jobs.push(&mut buckets.all[bucket], bucket, queued_at, job.id);
                 }
                 // A job counts in the bucket of the runner that runs it, which may differ
                 // from its own labels when a runner with more labels took it.
@@ -245,7 +256,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
                 }
                 JobState::InProgress { runner: None } => {}
                 JobState::Claimed => {
-                    let bucket = buckets.get_or_insert(repo, labels);
+                    let bucket = routing.bucket(labels, &mut buckets);
                     buckets.all[bucket].claimed += 1;
                 }
             }
@@ -253,7 +264,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
     }
 
     // Each bucket routes once; its children count against their profile's cap.
-    let routes: Vec<Option<Result<Route, Unroutable>>> = buckets
+    let mut routes: Vec<Option<Result<Route, Unroutable>>> = buckets
         .all
         .iter()
         .map(|b| {
@@ -274,11 +285,10 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
     // Every bucket that has demand or supply, in key order: repo, then label set.
     let repo_ranks = repos.ranks();
     let label_ranks = label_sets.ranks();
-    let mut order: Vec<usize> = (0..buckets.all.len()).collect();
-    order.sort_unstable_by_key(|&b| {
-        let bucket = &buckets.all[b];
-        (repo_ranks[bucket.repo], label_ranks[bucket.labels])
-    });
+    let mut order: Vec<(usize, usize, usize)> = (buckets.all.iter().enumerate())
+        .map(|(b, bucket)| (repo_ranks[bucket.repo], label_ranks[bucket.labels], b))
+        .collect();
+    order.sort_unstable();
 
     let facts = HoldFacts {
         snapshot,
@@ -299,27 +309,30 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         profile: Option<usize>,
     }
     let mut candidates = Vec::new();
-    // Every missing runner as (when the job it would serve was queued, candidate).
-    let mut units: Vec<(DateTime<Utc>, usize)> = Vec::new();
+    // Every missing runner as (when the job it would serve was queued, candidate), the time
+    // as whole seconds and nanoseconds: integers sort several times faster than `DateTime`s.
+    let mut units: Vec<(i64, u32, usize)> = Vec::with_capacity(out.queued_total as usize);
+    let mut queued_jobs = queued_jobs.by_bucket(&buckets.all);
     out.buckets.reserve(order.len());
-    for b in order {
+    for (_, _, b) in order {
         let Bucket {
             repo,
             labels,
             supply,
-            queued: mut jobs,
+            queued,
             in_progress,
             claimed,
-        } = std::mem::take(&mut buckets.all[b]);
-        let route = routes[b].as_ref();
+        } = buckets.all[b];
+        let owned_route = routes[b].take();
+        let route = owned_route.as_ref();
         let slot = &repos.slots[repo];
+        let jobs = queued_jobs.of(b);
         jobs.sort_unstable();
         // Forgejo names no runner on a job: a claimed job is assumed to run on one of its
         // bucket's children, up to their number, so a job on someone else's runner never
         // makes us dispatch. A child runs one job at a time, so however many jobs a forge
         // says run on the bucket's children, no more than their number do.
         let in_progress = (in_progress + claimed.min(supply)).min(supply);
-        let queued = jobs.len() as u32;
         let missing = (queued + in_progress).saturating_sub(supply);
         let key = BucketKey {
             repo: slot.name.clone(),
@@ -347,19 +360,22 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
                     repo,
                     profile: route.profile,
                 });
-                units.extend(jobs[first..].iter().map(|(t, _)| (*t, c)));
+                units.extend(
+                    jobs[first..]
+                        .iter()
+                        .map(|(t, _)| (t.timestamp(), t.timestamp_subsec_nanos(), c)),
+                );
             }
             None
         };
+        let cap = slot.config.map(|r| tightest_cap(r, route, settings));
         out.buckets.push(BucketPlan {
             key,
-            parent: route
-                .and_then(|r| r.as_ref().ok())
-                .map(|r| r.parent.clone()),
+            parent: owned_route.and_then(Result::ok).map(|r| r.parent),
             queued,
             in_progress,
             in_flight: supply,
-            cap: slot.config.map(|r| tightest_cap(r, route, settings)),
+            cap,
             missing,
             to_dispatch: 0,
             reason,
@@ -377,26 +393,20 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
     // broken by bucket order, which is deterministic (the order of bucket keys); candidates
     // are numbered in that order, and no two units of one candidate differ.
     units.sort_unstable();
-    let mut repo_used: Vec<u32> = repos.slots.iter().map(|s| s.in_flight).collect();
-    let mut profile_used: Vec<Vec<u32>> = repos
-        .slots
-        .iter()
-        .map(|s| s.profile_in_flight.clone())
-        .collect();
+    // From here on the in-flight counts also count the runners planned so far.
     let mut total_used = out.in_flight_total;
-    for (_, c) in units {
+    for (_, _, c) in units {
         let cand = &candidates[c];
         let bucket = &mut out.buckets[cand.index];
-        let repo_config = repos.slots[cand.repo]
-            .config
-            .expect("candidates have a route, so a config");
+        let used = &mut repos.slots[cand.repo];
+        let repo_config = used.config.expect("candidates have a route, so a config");
         let blocked = if settings.max_in_flight.is_some_and(|cap| total_used >= cap) {
             Some(HoldReason::GlobalCap)
-        } else if repo_used[cand.repo] >= repo_config.max_concurrent {
+        } else if used.in_flight >= repo_config.max_concurrent {
             Some(HoldReason::RepoCap)
         } else if let Some(index) = cand.profile
             && let Some(cap) = repo_config.profiles[index].max_concurrent
-            && profile_used[cand.repo][index] >= cap
+            && used.profile_in_flight[index] >= cap
         {
             Some(HoldReason::ProfileCap)
         } else {
@@ -408,10 +418,10 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
                 bucket.reason.get_or_insert(reason);
             }
             None => {
-                repo_used[cand.repo] += 1;
+                used.in_flight += 1;
                 total_used += 1;
                 if let Some(index) = cand.profile {
-                    profile_used[cand.repo][index] += 1;
+                    used.profile_in_flight[index] += 1;
                 }
                 bucket.to_dispatch += 1;
                 out.dispatches.push(PlannedDispatch {
