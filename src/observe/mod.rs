@@ -184,23 +184,32 @@ impl Snapshot {
     /// Our children of every listed parent, attributed to a repo (by `repo_url`) and a label
     /// set (by `labels` meta) where those can be read.
     pub fn our_children(&self) -> impl Iterator<Item = OurChild<'_>> {
+        self.our_listed_children().map(|child| OurChild {
+            child,
+            repo: self.repo_of(child).cloned(),
+            labels: child
+                .labels
+                .as_deref()
+                .and_then(|meta| LabelSet::from_meta(meta).ok()),
+        })
+    }
+
+    /// Our children of every listed parent, in listing order, not yet attributed: for callers
+    /// that attribute thousands of children and parse each distinct `labels` meta once.
+    pub fn our_listed_children(&self) -> impl Iterator<Item = &Child> {
         self.parents
             .values()
             .filter_map(|listing| listing.as_ref().ok())
             .flatten()
             .filter(|child| child.ours)
-            .map(|child| OurChild {
-                child,
-                repo: child
-                    .repo_url
-                    .as_ref()
-                    .and_then(|url| self.repo_urls.get(url.trim_end_matches('/')))
-                    .cloned(),
-                labels: child
-                    .labels
-                    .as_deref()
-                    .and_then(|meta| LabelSet::from_meta(meta).ok()),
-            })
+    }
+
+    /// The repo of the document a child's `repo_url` meta names, if any.
+    pub fn repo_of(&self, child: &Child) -> Option<&RepoName> {
+        child
+            .repo_url
+            .as_ref()
+            .and_then(|url| self.repo_urls.get(url.trim_end_matches('/')))
     }
 
     /// The runner names of our in-flight children of `repo`.

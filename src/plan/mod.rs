@@ -10,14 +10,21 @@
 //! profile's, the repo's and the global cap, where every in-flight child counts against the
 //! caps and buckets that share a cap are served oldest queued job first.
 
-use std::collections::{BTreeMap, BTreeSet};
+mod index;
+
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 use chrono::{DateTime, Utc};
 
 use crate::config::{Config, RepoConfig, Route, Unroutable};
-use crate::model::{BucketKey, ChildId, LabelRejection, LabelSet, RepoName, RunnerName};
+use crate::model::{BucketKey, ChildId, LabelRejection, RepoName};
 use crate::observe::{JobState, Snapshot};
+
+use index::{Bucket, Buckets, JobsOfRepo, LabelSets, QueuedJobs, RepoSlot, Repos};
+// The table tests name these through `super::*`.
+#[cfg(test)]
+use crate::model::{LabelSet, RunnerName};
 
 /// Limits from process settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -152,26 +159,6 @@ pub struct Plan {
     pub in_flight_total: u32,
 }
 
-/// Counters of our in-flight children along each cap.
-#[derive(Default)]
-struct InFlight {
-    total: u32,
-    per_repo: BTreeMap<RepoName, u32>,
-    per_profile: BTreeMap<(RepoName, usize), u32>,
-    per_bucket: BTreeMap<BucketKey, u32>,
-    /// runner name → the bucket of the child it runs in.
-    runners: BTreeMap<RunnerName, BucketKey>,
-}
-
-#[derive(Default)]
-struct Demand {
-    /// (when queued, job id) of each queued job.
-    queued: Vec<(DateTime<Utc>, u64)>,
-    in_progress: u32,
-    /// Forgejo jobs claimed by a runner it does not name.
-    claimed: u32,
-}
-
 /// Computes the plan. Pure: the same input always gives the same plan.
 pub fn plan(input: PlanInput<'_>) -> Plan {
     let PlanInput {
@@ -182,49 +169,67 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         now,
     } = input;
     let mut out = Plan::default();
+    let mut repos = Repos::new(config);
+    let mut label_sets = LabelSets::new();
+    let mut buckets = Buckets::default();
 
     // Supply, counted from Nomad's own listing.
-    let mut in_flight = InFlight::default();
-    for ours in snapshot.our_children() {
-        let child = ours.child;
+    let listed: usize = snapshot.parents.values().flatten().map(Vec::len).sum();
+    // runner name → the bucket of the child it runs in.
+    let mut runners: HashMap<&str, usize> = HashMap::with_capacity(listed);
+    // `repo_url` meta → repo slot: a repo's children share one URL.
+    let mut repo_of_url: HashMap<&str, Option<usize>> =
+        HashMap::with_capacity(snapshot.repo_urls.len());
+    for child in snapshot.our_listed_children() {
         if !child.status.is_in_flight() {
             out.purges.push(child.id.clone());
             continue;
         }
-        in_flight.total += 1;
-        let Some(repo) = ours.repo else { continue };
-        *in_flight.per_repo.entry(repo.clone()).or_default() += 1;
-        let Some(labels) = ours.labels else { continue };
-        if let Some(Ok(Route {
-            profile: Some(index),
-            ..
-        })) = config.repos.get(&repo).map(|r| r.route(&labels))
-        {
-            *in_flight
-                .per_profile
-                .entry((repo.clone(), index))
-                .or_default() += 1;
-        }
-        let key = BucketKey { repo, labels };
-        *in_flight.per_bucket.entry(key.clone()).or_default() += 1;
+        out.in_flight_total += 1;
+        let repo = match child.repo_url.as_deref() {
+            Some(url) => *repo_of_url
+                .entry(url)
+                .or_insert_with(|| snapshot.repo_of(child).map(|r| repos.intern(r))),
+            None => None,
+        };
+        let Some(repo) = repo else {
+            continue;
+        };
+        repos.slots[repo].in_flight += 1;
+        let Some(labels) = child
+            .labels
+            .as_deref()
+            .and_then(|meta| label_sets.of_meta(meta))
+        else {
+            continue;
+        };
+        let bucket = buckets.get_or_insert(repo, labels);
+        buckets.all[bucket].supply += 1;
         if let Some(name) = &child.runner_name {
-            in_flight.runners.insert(name.clone(), key);
+            runners.insert(&name.0, bucket);
         }
     }
-    out.in_flight_total = in_flight.total;
     out.purges.sort();
 
     // Demand, from the forges.
-    let mut demand: BTreeMap<BucketKey, Demand> = BTreeMap::new();
-    for (repo, listing) in &snapshot.repos {
-        let Ok(listing) = listing else { continue };
+    let mut queued_jobs = QueuedJobs::default();
+    for (name, listing) in &snapshot.repos {
+        let repo = repos.intern(name);
+        let listing = match listing {
+            Ok(listing) => listing,
+            Err(gap) => {
+                repos.slots[repo].queue_gap = Some(gap);
+                continue;
+            }
+        };
+        let mut routing = JobsOfRepo::new(repo);
         for job in &listing.jobs {
-            let labels = match LabelSet::parse(&job.labels) {
+            let labels = match routing.labels(&job.labels, &mut label_sets) {
                 Ok(labels) => labels,
                 Err(why) => {
                     if job.state == JobState::Queued {
                         out.unroutable.push(UnroutableJob {
-                            repo: repo.clone(),
+                            repo: name.clone(),
                             job_id: job.id,
                             reason: UnroutableReason::LabelRejected(why),
                         });
@@ -235,157 +240,173 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             match &job.state {
                 JobState::Queued => {
                     out.queued_total += 1;
-                    let key = BucketKey {
-                        repo: repo.clone(),
-                        labels,
-                    };
                     // The loop fills in first sightings; a job without one sorts as if queued now.
                     let queued_at = job.queued_at.unwrap_or(now);
-                    demand
-                        .entry(key)
-                        .or_default()
-                        .queued
-                        .push((queued_at, job.id));
+                    let bucket = routing.bucket(labels, &mut buckets);
+                    queued_jobs.push(&mut buckets.all[bucket], bucket, queued_at, job.id);
                 }
                 // A job counts in the bucket of the runner that runs it, which may differ
                 // from its own labels when a runner with more labels took it.
                 JobState::InProgress { runner: Some(name) } => {
-                    if let Some(key) = in_flight.runners.get(name)
-                        && &key.repo == repo
+                    if let Some(&bucket) = runners.get(name.0.as_str())
+                        && buckets.all[bucket].repo == repo
                     {
-                        demand.entry(key.clone()).or_default().in_progress += 1;
+                        buckets.all[bucket].in_progress += 1;
                     }
                 }
                 JobState::InProgress { runner: None } => {}
                 JobState::Claimed => {
-                    let key = BucketKey {
-                        repo: repo.clone(),
-                        labels,
-                    };
-                    demand.entry(key).or_default().claimed += 1;
+                    let bucket = routing.bucket(labels, &mut buckets);
+                    buckets.all[bucket].claimed += 1;
                 }
             }
         }
     }
 
-    // Every bucket that has demand or supply.
-    let keys: BTreeSet<BucketKey> = demand
-        .keys()
-        .chain(in_flight.per_bucket.keys())
-        .cloned()
+    // Each bucket routes once; its children count against their profile's cap.
+    let mut routes: Vec<Option<Result<Route, Unroutable>>> = buckets
+        .all
+        .iter()
+        .map(|b| {
+            let repo = &repos.slots[b.repo];
+            repo.config.map(|r| r.route(label_sets.get(b.labels)))
+        })
         .collect();
-    let global_gap = first_parent_gap(snapshot, snapshot.parents.keys());
-    // Each repo's parents are checked once, not once per bucket.
+    for (bucket, route) in buckets.all.iter().zip(&routes) {
+        if let Some(Ok(Route {
+            profile: Some(index),
+            ..
+        })) = route
+        {
+            repos.slots[bucket.repo].profile_in_flight[*index] += bucket.supply;
+        }
+    }
+
+    // Every bucket that has demand or supply, in key order: repo, then label set.
+    let repo_ranks = repos.ranks();
+    let label_ranks = label_sets.ranks();
+    let mut order: Vec<(usize, usize, usize)> = (buckets.all.iter().enumerate())
+        .map(|(b, bucket)| (repo_ranks[bucket.repo], label_ranks[bucket.labels], b))
+        .collect();
+    order.sort_unstable();
+
     let facts = HoldFacts {
         snapshot,
         holds,
+        parent_holds: holds
+            .parents
+            .iter()
+            .map(|((parent, repo), why)| ((parent.as_str(), repo), why.as_str()))
+            .collect(),
         settings,
-        global_gap: global_gap.as_deref(),
+        global_gap: first_parent_gap(snapshot, snapshot.parents.keys()),
     };
-    let repo_gaps: BTreeMap<&RepoName, Option<String>> = config
-        .repos
-        .iter()
-        .map(|(name, repo)| (name, first_parent_gap(snapshot, repo.parents().iter())))
-        .collect();
 
     struct Candidate {
+        /// Index into `out.buckets`.
         index: usize,
+        repo: usize,
         profile: Option<usize>,
-        /// When the job each missing runner would serve was queued, oldest first.
-        serves: Vec<DateTime<Utc>>,
     }
     let mut candidates = Vec::new();
-    for key in keys {
-        let mut d = demand.remove(&key).unwrap_or_default();
-        d.queued.sort_unstable();
-        let supply = in_flight.per_bucket.get(&key).copied().unwrap_or(0);
-        // Forgejo names no runner on a job: a claimed job is assumed to run on one of its
-        // bucket's children, up to their number, so a job on someone else's runner never
-        // makes us dispatch.
-        let in_progress = d.in_progress + d.claimed.min(supply);
-        let queued = d.queued.len() as u32;
-        let missing = (queued + in_progress).saturating_sub(supply);
-        let repo_config = config.repos.get(&key.repo);
-        let route = repo_config.map(|r| r.route(&key.labels));
-        let mut bucket = BucketPlan {
-            parent: route
-                .as_ref()
-                .and_then(|r| r.as_ref().ok())
-                .map(|r| r.parent.clone()),
+    // Every missing runner as (when the job it would serve was queued, candidate), the time
+    // as whole seconds and nanoseconds: integers sort several times faster than `DateTime`s.
+    let mut units: Vec<(i64, u32, usize)> = Vec::with_capacity(out.queued_total as usize);
+    let mut queued_jobs = queued_jobs.by_bucket(&buckets.all);
+    out.buckets.reserve(order.len());
+    for (_, _, b) in order {
+        let Bucket {
+            repo,
+            labels,
+            supply,
             queued,
             in_progress,
-            in_flight: supply,
-            cap: repo_config.map(|r| tightest_cap(r, route.as_ref(), settings)),
-            missing,
-            to_dispatch: 0,
-            reason: None,
-            oldest_queued_at: d.queued.first().map(|(t, _)| *t),
-            oldest_wait_s: d
-                .queued
-                .first()
-                .map(|(t, _)| (now - *t).num_seconds().max(0) as u64),
-            key,
+            claimed,
+        } = buckets.all[b];
+        let owned_route = routes[b].take();
+        let route = owned_route.as_ref();
+        let slot = &repos.slots[repo];
+        let jobs = queued_jobs.of(b);
+        jobs.sort_unstable();
+        // Forgejo names no runner on a job: a claimed job is assumed to run on one of its
+        // bucket's children, up to their number, so a job on someone else's runner never
+        // makes us dispatch. A child runs one job at a time, so however many jobs a forge
+        // says run on the bucket's children, no more than their number do.
+        let in_progress = (in_progress + claimed.min(supply)).min(supply);
+        let missing = (queued + in_progress).saturating_sub(supply);
+        let key = BucketKey {
+            repo: slot.name.clone(),
+            labels: label_sets.get(labels).clone(),
         };
-        if let Some(Err(why)) = &route {
+        if let Some(Err(why)) = route {
             out.unroutable
-                .extend(d.queued.iter().map(|(_, id)| UnroutableJob {
-                    repo: bucket.key.repo.clone(),
+                .extend(jobs.iter().map(|(_, id)| UnroutableJob {
+                    repo: key.repo.clone(),
                     job_id: *id,
                     reason: UnroutableReason::NoRoute(why.clone()),
                 }));
         }
-        let hold = hold_before_caps(
-            &bucket,
-            repo_config,
-            route.as_ref(),
-            &facts,
-            repo_gaps.get(&bucket.key.repo).cloned().flatten(),
-        );
-        if let Some(reason) = hold {
-            bucket.reason = Some(reason);
+        let hold = hold_before_caps(missing, slot, route, &facts);
+        let reason = if hold.is_some() {
+            hold
         } else if missing == 0 {
-            bucket.reason = Some(HoldReason::Satisfied);
-        } else if let Some(Ok(route)) = route {
-            let first = d.queued.len() - missing as usize;
-            candidates.push(Candidate {
-                index: out.buckets.len(),
-                profile: route.profile,
-                serves: d.queued[first..].iter().map(|(t, _)| *t).collect(),
-            });
-        }
-        out.buckets.push(bucket);
+            Some(HoldReason::Satisfied)
+        } else {
+            if let Some(Ok(route)) = route {
+                let first = jobs.len() - missing as usize;
+                let c = candidates.len();
+                candidates.push(Candidate {
+                    index: out.buckets.len(),
+                    repo,
+                    profile: route.profile,
+                });
+                units.extend(
+                    jobs[first..]
+                        .iter()
+                        .map(|(t, _)| (t.timestamp(), t.timestamp_subsec_nanos(), c)),
+                );
+            }
+            None
+        };
+        let cap = slot.config.map(|r| tightest_cap(r, route, settings));
+        out.buckets.push(BucketPlan {
+            key,
+            parent: owned_route.and_then(Result::ok).map(|r| r.parent),
+            queued,
+            in_progress,
+            in_flight: supply,
+            cap,
+            missing,
+            to_dispatch: 0,
+            reason,
+            oldest_queued_at: jobs.first().map(|(t, _)| *t),
+            oldest_wait_s: jobs
+                .first()
+                .map(|(t, _)| (now - *t).num_seconds().max(0) as u64),
+        });
     }
 
     out.unroutable
         .sort_by(|a, b| (&a.repo, a.job_id).cmp(&(&b.repo, b.job_id)));
 
-    // Share the caps: every missing runner in the order of the job it would serve.
-    let mut units: Vec<(DateTime<Utc>, usize)> = candidates
-        .iter()
-        .enumerate()
-        .flat_map(|(c, cand)| cand.serves.iter().map(move |t| (*t, c)))
-        .collect();
-    // Ties are broken by bucket order, which is deterministic (the order of bucket keys).
-    units.sort_by_key(|(t, c)| (*t, candidates[*c].index));
-    let mut repo_used = in_flight.per_repo.clone();
-    let mut profile_used = in_flight.per_profile.clone();
-    let mut total_used = in_flight.total;
-    for (_, c) in units {
+    // Share the caps: every missing runner in the order of the job it would serve. Ties are
+    // broken by bucket order, which is deterministic (the order of bucket keys); candidates
+    // are numbered in that order, and no two units of one candidate differ.
+    units.sort_unstable();
+    // From here on the in-flight counts also count the runners planned so far.
+    let mut total_used = out.in_flight_total;
+    for (_, _, c) in units {
         let cand = &candidates[c];
         let bucket = &mut out.buckets[cand.index];
-        let repo_config = &config.repos[&bucket.key.repo];
-        let repo_now = repo_used.entry(bucket.key.repo.clone()).or_default();
+        let used = &mut repos.slots[cand.repo];
+        let repo_config = used.config.expect("candidates have a route, so a config");
         let blocked = if settings.max_in_flight.is_some_and(|cap| total_used >= cap) {
             Some(HoldReason::GlobalCap)
-        } else if *repo_now >= repo_config.max_concurrent {
+        } else if used.in_flight >= repo_config.max_concurrent {
             Some(HoldReason::RepoCap)
         } else if let Some(index) = cand.profile
             && let Some(cap) = repo_config.profiles[index].max_concurrent
-            && profile_used
-                .get(&(bucket.key.repo.clone(), index))
-                .copied()
-                .unwrap_or(0)
-                >= cap
+            && used.profile_in_flight[index] >= cap
         {
             Some(HoldReason::ProfileCap)
         } else {
@@ -397,12 +418,10 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
                 bucket.reason.get_or_insert(reason);
             }
             None => {
-                *repo_now += 1;
+                used.in_flight += 1;
                 total_used += 1;
                 if let Some(index) = cand.profile {
-                    *profile_used
-                        .entry((bucket.key.repo.clone(), index))
-                        .or_default() += 1;
+                    used.profile_in_flight[index] += 1;
                 }
                 bucket.to_dispatch += 1;
                 out.dispatches.push(PlannedDispatch {
@@ -436,48 +455,60 @@ fn tightest_cap(
     .unwrap_or(repo.max_concurrent)
 }
 
-/// The first listing gap among `parents`, as a message.
+/// The first listing gap among `parents`, in the order given, as a message.
 fn first_parent_gap<'a>(
     snapshot: &Snapshot,
     parents: impl IntoIterator<Item = &'a String>,
 ) -> Option<String> {
     parents
         .into_iter()
-        .find_map(|parent| match snapshot.parents.get(parent) {
-            Some(Ok(_)) => None,
-            Some(Err(gap)) => Some(format!("list children of {parent}: {}", gap.message)),
-            None => Some(format!("children of {parent} were not listed")),
-        })
+        .find_map(|parent| parent_gap(snapshot, parent))
+}
+
+/// Why `parent`'s children are not known this tick, if they are not.
+fn parent_gap(snapshot: &Snapshot, parent: &str) -> Option<String> {
+    match snapshot.parents.get(parent) {
+        Some(Ok(_)) => None,
+        Some(Err(gap)) => Some(format!("list children of {parent}: {}", gap.message)),
+        None => Some(format!("children of {parent} were not listed")),
+    }
+}
+
+/// The first listing gap among the parents a repo can use, in name order (the order of
+/// [`RepoConfig::parents`], without building that set for every bucket).
+fn repo_parent_gap(snapshot: &Snapshot, repo: &RepoConfig) -> Option<String> {
+    repo.profiles
+        .iter()
+        .map(|p| p.job.as_str())
+        .chain(repo.default_job.as_deref())
+        .filter(|parent| !matches!(snapshot.parents.get(*parent), Some(Ok(_))))
+        .min()
+        .and_then(|parent| parent_gap(snapshot, parent))
 }
 
 /// What every bucket's hold is decided from.
-#[derive(Clone, Copy)]
 struct HoldFacts<'a> {
     snapshot: &'a Snapshot,
     holds: &'a Holds,
+    /// `holds.parents`, looked up without building an owned key per bucket.
+    parent_holds: HashMap<(&'a str, &'a RepoName), &'a str>,
     settings: PlanSettings,
     /// The first parent listing that failed, if any.
-    global_gap: Option<&'a str>,
+    global_gap: Option<String>,
 }
 
 /// What stops a bucket from dispatching regardless of caps, in order of precedence.
 fn hold_before_caps(
-    bucket: &BucketPlan,
-    repo: Option<&RepoConfig>,
+    missing: u32,
+    slot: &RepoSlot<'_>,
     route: Option<&Result<Route, Unroutable>>,
     facts: &HoldFacts<'_>,
-    repo_gap: Option<String>,
 ) -> Option<HoldReason> {
-    let HoldFacts {
-        snapshot,
-        holds,
-        settings,
-        global_gap,
-    } = *facts;
-    let Some(repo) = repo else {
+    let Some(repo) = slot.config else {
         return Some(HoldReason::NotConfigured);
     };
-    if let Some(Err(gap)) = snapshot.repos.get(&repo.repo) {
+    // The document keys each repo by its own name, so the slot's queue is `repo.repo`'s.
+    if let Some(gap) = slot.queue_gap {
         return Some(HoldReason::QueueUnknown(gap.message.clone()));
     }
     let route = match route {
@@ -485,33 +516,34 @@ fn hold_before_caps(
         Some(Err(why)) => return Some(HoldReason::Unroutable(why.to_string())),
         None => return Some(HoldReason::NotConfigured),
     };
-    if bucket.missing == 0 {
+    if missing == 0 {
         return None;
     }
     // Never dispatch without a fresh in-flight count: every parent of the repo counts
     // against its cap, and every parent listed counts against the global cap.
-    if let Some(gap) = repo_gap {
+    if let Some(gap) = repo_parent_gap(facts.snapshot, repo) {
         return Some(HoldReason::InFlightUnknown(gap));
     }
-    if settings.max_in_flight.is_some()
-        && let Some(gap) = global_gap
+    if facts.settings.max_in_flight.is_some()
+        && let Some(gap) = &facts.global_gap
     {
-        return Some(HoldReason::InFlightUnknown(gap.to_string()));
+        return Some(HoldReason::InFlightUnknown(gap.clone()));
     }
     if repo.max_concurrent == 0 {
         return Some(HoldReason::Paused);
     }
-    if let Some(why) = holds.repos.get(&repo.repo) {
+    if let Some(why) = facts.holds.repos.get(&repo.repo) {
         return Some(HoldReason::Held(why.clone()));
     }
-    if let Some(why) = holds
-        .parents
-        .get(&(route.parent.clone(), repo.repo.clone()))
-    {
-        return Some(HoldReason::Held(why.clone()));
+    if let Some(why) = facts.parent_holds.get(&(route.parent.as_str(), &repo.repo)) {
+        return Some(HoldReason::Held(why.to_string()));
     }
     None
 }
 
+#[cfg(test)]
+mod agreement;
+#[cfg(test)]
+mod reference;
 #[cfg(test)]
 mod tests;

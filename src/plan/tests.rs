@@ -636,3 +636,30 @@ fn the_plan_is_deterministic() {
         .collect();
     assert_eq!(order.len(), 8);
 }
+
+#[test]
+fn jobs_naming_one_runner_twice_count_it_once_and_never_panic() {
+    // A forge's listing is untrusted: two in-progress jobs naming the same runner must not
+    // make a bucket miss more runners than it has queued jobs to give them.
+    let mut w = World::new(vec![app_repo("acme/api", 5)]);
+    let on_r1 = || JobState::InProgress {
+        runner: Some(RunnerName("r1".into())),
+    };
+    w.child(
+        "ci-runner",
+        "acme/api",
+        SH,
+        "r1",
+        ChildStatus::Running,
+        Placement::Placed,
+    )
+    .job("acme/api", SH, on_r1(), 60)
+    .job("acme/api", SH, on_r1(), 50)
+    .queued("acme/api", SH, 5);
+    let p = w.plan();
+    let b = bucket(&p, "acme/api", SH);
+    assert_eq!(
+        (b.in_progress, b.in_flight, b.missing, b.to_dispatch),
+        (1, 1, 1, 1)
+    );
+}
