@@ -290,20 +290,30 @@ impl Registrar for GitHubPort {
         if !matches!(repo.mode, Mode::App) {
             return Ok(None);
         }
-        let mut sim = lock(&self.0);
-        sim.call(Call {
-            scope: Scope::Mint(repo.repo.clone()),
-            service: Service::GitHub,
-            via_vault: false,
-            budget: Some(budget_of(repo)),
-            what: "create registration token",
-        })?;
-        Ok(Some(sim.mint_canary()))
+        mint_through(&self.0, repo, Service::GitHub, false)
     }
 
     fn repo_url(&self, repo: &RepoConfig) -> String {
         repo_url(repo)
     }
+}
+
+/// One registration token from `service`, after the faults that call may meet.
+fn mint_through(
+    shared: &Shared,
+    repo: &RepoConfig,
+    service: Service,
+    via_vault: bool,
+) -> Result<Option<RegistrationToken>, PortError> {
+    let mut sim = lock(shared);
+    sim.call(Call {
+        scope: Scope::Mint(repo.repo.clone()),
+        service,
+        via_vault,
+        budget: Some(budget_of(repo)),
+        what: "create registration token",
+    })?;
+    Ok(Some(sim.mint_canary()))
 }
 
 /// Forgejo (`forgejo` repos): no timestamps, no runner names; a claimed job reads as claimed.
@@ -349,15 +359,8 @@ impl QueueSource for ForgejoPort {
 #[async_trait]
 impl Registrar for ForgejoPort {
     async fn mint(&self, repo: &RepoConfig) -> Result<Option<RegistrationToken>, PortError> {
-        let mut sim = lock(&self.0);
-        sim.call(Call {
-            scope: Scope::Mint(repo.repo.clone()),
-            service: Service::Forgejo,
-            via_vault: true,
-            budget: Some(budget_of(repo)),
-            what: "create registration token",
-        })?;
-        Ok(Some(sim.mint_canary()))
+        // The Forgejo API token comes from Vault, so a Vault outage stops minting too.
+        mint_through(&self.0, repo, Service::Forgejo, true)
     }
 
     fn repo_url(&self, repo: &RepoConfig) -> String {
