@@ -64,6 +64,8 @@ pub(super) struct RepoSlot<'a> {
     pub config: Option<&'a RepoConfig>,
     /// Why its queue could not be read this tick, if it could not.
     pub queue_gap: Option<&'a Gap>,
+    /// The first of its parents whose children could not be listed, as a message.
+    pub parent_gap: Option<String>,
     /// Our in-flight children attributed to the repo.
     pub in_flight: u32,
     /// Our in-flight children per profile, by index into the config's `profiles`.
@@ -100,6 +102,7 @@ impl<'a> Repos<'a> {
                 name,
                 config: None,
                 queue_gap: None,
+                parent_gap: None,
                 in_flight: 0,
                 profile_in_flight: Vec::new(),
             });

@@ -282,6 +282,11 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         }
     }
 
+    // Each repo's parents are checked once, not once per bucket.
+    for slot in &mut repos.slots {
+        slot.parent_gap = slot.config.and_then(|r| repo_parent_gap(snapshot, r));
+    }
+
     // Every bucket that has demand or supply, in key order: repo, then label set.
     let repo_ranks = repos.ranks();
     let label_ranks = label_sets.ranks();
@@ -291,7 +296,6 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
     order.sort_unstable();
 
     let facts = HoldFacts {
-        snapshot,
         holds,
         parent_holds: holds
             .parents
@@ -475,7 +479,7 @@ fn parent_gap(snapshot: &Snapshot, parent: &str) -> Option<String> {
 }
 
 /// The first listing gap among the parents a repo can use, in name order (the order of
-/// [`RepoConfig::parents`], without building that set for every bucket).
+/// [`RepoConfig::parents`], without building that set).
 fn repo_parent_gap(snapshot: &Snapshot, repo: &RepoConfig) -> Option<String> {
     repo.profiles
         .iter()
@@ -488,7 +492,6 @@ fn repo_parent_gap(snapshot: &Snapshot, repo: &RepoConfig) -> Option<String> {
 
 /// What every bucket's hold is decided from.
 struct HoldFacts<'a> {
-    snapshot: &'a Snapshot,
     holds: &'a Holds,
     /// `holds.parents`, looked up without building an owned key per bucket.
     parent_holds: HashMap<(&'a str, &'a RepoName), &'a str>,
@@ -521,8 +524,8 @@ fn hold_before_caps(
     }
     // Never dispatch without a fresh in-flight count: every parent of the repo counts
     // against its cap, and every parent listed counts against the global cap.
-    if let Some(gap) = repo_parent_gap(facts.snapshot, repo) {
-        return Some(HoldReason::InFlightUnknown(gap));
+    if let Some(gap) = &slot.parent_gap {
+        return Some(HoldReason::InFlightUnknown(gap.clone()));
     }
     if facts.settings.max_in_flight.is_some()
         && let Some(gap) = &facts.global_gap
