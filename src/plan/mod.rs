@@ -314,7 +314,8 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
     }
     let mut candidates = Vec::new();
     // Every missing runner as (when the job it would serve was queued, candidate), the time
-    // as whole seconds and nanoseconds: integers sort several times faster than `DateTime`s.
+    // as whole seconds and nanoseconds: thousands of them sort quicker as integers than as
+    // `DateTime`s, in the same order.
     let mut units: Vec<(i64, u32, usize)> = Vec::with_capacity(out.queued_total as usize);
     let mut queued_jobs = queued_jobs.by_bucket(&buckets.all);
     out.buckets.reserve(order.len());
