@@ -63,7 +63,18 @@ pub struct Sim {
     pub rng: StdRng,
     pub trace: Trace,
     pub faults: Faults,
+    pub requests: Requests,
     mints: u64,
+}
+
+/// Requests the loop made, as the services would bill them (the benchmark reads these).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Requests {
+    /// GitHub requests that count against a primary rate limit (a `304 Not Modified` to a
+    /// conditional request does not).
+    pub github_primary: u64,
+    /// Every request to Nomad's HTTP API.
+    pub nomad: u64,
 }
 
 pub type Shared = Arc<Mutex<Sim>>;
@@ -96,6 +107,7 @@ impl Sim {
             rng,
             trace,
             faults: Faults::default(),
+            requests: Requests::default(),
             mints: 0,
         }
     }
@@ -115,6 +127,9 @@ impl Sim {
     }
 
     fn call(&mut self, call: Call<'_>) -> Result<(), PortError> {
+        if call.service == Service::Nomad {
+            self.requests.nomad += 1;
+        }
         match self.inject(&call) {
             Ok(()) => {
                 self.faults.failing.remove(&call.scope);
