@@ -96,6 +96,10 @@ pub struct SimulateArgs {
     /// Compare strategies and print the benchmark table.
     #[arg(long)]
     pub bench: bool,
+    /// Who runs the runners in a sweep or a replay: `ours`, or a baseline of the benchmark
+    /// (`seed`, `ephemerd-pre-veto`), whose invariant violations are reported, not failed.
+    #[arg(long, default_value = "ours")]
+    pub strategy: String,
     #[arg(long)]
     pub json: bool,
 }

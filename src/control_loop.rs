@@ -36,7 +36,7 @@ pub struct Services {
 }
 
 impl Services {
-    fn forge(&self, mode: &Mode) -> Option<&Forge> {
+    pub fn forge(&self, mode: &Mode) -> Option<&Forge> {
         if mode.is_github() {
             self.github.as_ref()
         } else {

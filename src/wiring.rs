@@ -331,11 +331,7 @@ async fn once(args: DaemonArgs, dry_run: bool, json: bool) -> ExitCode {
 fn simulate(args: SimulateArgs) -> ExitCode {
     use crate::sim::seeded::Scenario;
     if args.bench {
-        eprintln!(
-            "runner-scaler simulate: --bench is not built yet (a later phase of issue 3); \
-             run --scenario NAME --seeds N to check the invariants"
-        );
-        return ExitCode::from(EXIT_BAD_SETTINGS as u8);
+        return simulate_bench(&args);
     }
     if args.scenario == "demo" {
         if args.seeds.is_some() {
@@ -355,9 +351,24 @@ fn simulate(args: SimulateArgs) -> ExitCode {
         );
         return ExitCode::from(EXIT_BAD_SETTINGS as u8);
     };
+    let Some(strategy) = crate::sim::seeded::Strategy::parse(&args.strategy) else {
+        eprintln!(
+            "runner-scaler simulate: unknown strategy {:?}; known: {}",
+            args.strategy,
+            crate::sim::seeded::Strategy::ALL
+                .map(|s| s.as_str())
+                .join(", ")
+        );
+        return ExitCode::from(EXIT_BAD_SETTINGS as u8);
+    };
+    let settings = crate::sim::seeded::RunSettings {
+        strategy,
+        keep_trace: args.seed.is_some() && !args.json,
+        ..Default::default()
+    };
     match (args.seeds, args.seed) {
-        (Some(n), _) => simulate_sweep(scenario, n, args.json),
-        (None, Some(seed)) => simulate_replay(scenario, seed, args.json),
+        (Some(n), _) => simulate_sweep(scenario, n, args.json, settings),
+        (None, Some(seed)) => simulate_replay(scenario, seed, args.json, settings),
         (None, None) => {
             eprintln!(
                 "runner-scaler simulate: --scenario {scenario} needs --seeds N (a sweep of seeds 1..=N) or --seed S (a replay)"
@@ -367,12 +378,17 @@ fn simulate(args: SimulateArgs) -> ExitCode {
     }
 }
 
-fn simulate_sweep(scenario: crate::sim::seeded::Scenario, seeds: u64, json: bool) -> ExitCode {
+fn simulate_sweep(
+    scenario: crate::sim::seeded::Scenario,
+    seeds: u64,
+    json: bool,
+    settings: crate::sim::seeded::RunSettings,
+) -> ExitCode {
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     if !json {
         println!("sweeping scenario {scenario}: seeds 1..={seeds} on {threads} threads");
     }
-    let report = crate::sim::seeded::sweep(scenario, 1..=seeds, threads);
+    let report = crate::sim::seeded::sweep_with(scenario, 1..=seeds, threads, settings);
     if json {
         println!(
             "{}",
@@ -388,11 +404,59 @@ fn simulate_sweep(scenario: crate::sim::seeded::Scenario, seeds: u64, json: bool
     }
 }
 
-fn simulate_replay(scenario: crate::sim::seeded::Scenario, seed: u64, json: bool) -> ExitCode {
-    let settings = crate::sim::seeded::RunSettings {
-        keep_trace: !json,
-        ..Default::default()
+/// Seeds each (strategy, scenario) of the benchmark runs when `--seeds` is not given.
+const BENCH_SEEDS_DEFAULT: u64 = 100;
+
+fn simulate_bench(args: &SimulateArgs) -> ExitCode {
+    use crate::sim::seeded::{Scenario, bench};
+    if args.seed.is_some() {
+        eprintln!("runner-scaler simulate: --bench runs seeds 1..=N (--seeds N), not one --seed");
+        return ExitCode::from(EXIT_BAD_SETTINGS as u8);
+    }
+    let scenarios = if args.scenario == "demo" {
+        Scenario::NAMED.to_vec()
+    } else {
+        match Scenario::parse(&args.scenario) {
+            Some(scenario) => vec![scenario],
+            None => {
+                eprintln!(
+                    "runner-scaler simulate: unknown scenario {:?}; known: {}",
+                    args.scenario,
+                    Scenario::known_names().join(", ")
+                );
+                return ExitCode::from(EXIT_BAD_SETTINGS as u8);
+            }
+        }
     };
+    let seeds = args.seeds.unwrap_or(BENCH_SEEDS_DEFAULT);
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    if !args.json {
+        println!(
+            "benchmark: strategies {} over seeds 1..={seeds} of {} scenario(s), on {threads} threads",
+            bench::Strategy::ALL.map(|s| s.as_str()).join(", "),
+            scenarios.len()
+        );
+    }
+    let started = std::time::Instant::now();
+    let rows = bench::run(&scenarios, seeds, threads);
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rows).expect("benchmark rows serialise")
+        );
+    } else {
+        print!("{}", bench::render_text(&rows));
+        println!("wall time {:.1} s", started.elapsed().as_secs_f64());
+    }
+    ExitCode::SUCCESS
+}
+
+fn simulate_replay(
+    scenario: crate::sim::seeded::Scenario,
+    seed: u64,
+    json: bool,
+    settings: crate::sim::seeded::RunSettings,
+) -> ExitCode {
     if !json {
         println!("replaying scenario {scenario}, seed {seed}");
     }

@@ -124,6 +124,7 @@ fn a_planner_that_ignores_unplaced_children_fails_the_cluster_full_sweep() {
         RunSettings {
             planner: Some(ignores_unplaced_children),
             keep_trace: false,
+            ..RunSettings::default()
         },
     );
     assert!(!report.ok(), "the mutant survived 20 cluster-full seeds");
@@ -159,6 +160,7 @@ fn a_planner_that_never_dispatches_fails_on_timeliness() {
         RunSettings {
             planner: Some(never_dispatches),
             keep_trace: false,
+            ..RunSettings::default()
         },
     );
     assert_eq!(report.failures.len(), 4, "{}", failures(&report));
@@ -184,6 +186,7 @@ fn a_planner_that_overdispatches_fails_on_caps_or_storms() {
         RunSettings {
             planner: Some(one_extra_runner),
             keep_trace: false,
+            ..RunSettings::default()
         },
     );
     assert!(!report.failures.is_empty());
@@ -238,7 +241,51 @@ fn simulate_sweeps_replays_and_refuses_what_it_cannot_do() {
         "{stderr}"
     );
 
-    let (code, _, stderr) = simulate(&["--bench"]);
+    let (code, _, stderr) = simulate(&["--bench", "--seed", "3"]);
     assert_eq!(code, Some(64));
-    assert!(stderr.contains("--bench is not built yet"), "{stderr}");
+    assert!(stderr.contains("--seeds N"), "{stderr}");
+
+    let (code, _, stderr) = simulate(&["--scenario", "steady", "--seeds", "1", "--strategy", "x"]);
+    assert_eq!(code, Some(64));
+    assert!(stderr.contains("ephemerd-pre-veto"), "{stderr}");
+}
+
+#[test]
+fn the_bench_prints_one_row_per_strategy_and_scenario_with_the_documented_keys() {
+    let (code, stdout, stderr) = simulate(&[
+        "--bench",
+        "--scenario",
+        "same-label-race",
+        "--seeds",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&stdout).expect("--json prints JSON");
+    let strategies: Vec<&str> = rows.iter().filter_map(|r| r["strategy"].as_str()).collect();
+    assert_eq!(strategies, ["ours", "seed", "ephemerd-pre-veto"]);
+    for row in &rows {
+        assert_eq!(row["scenario"], "same-label-race");
+        assert_eq!(row["seeds"], 2);
+        for key in [
+            "poll_interval_s",
+            "queue_to_dispatch_p50_s",
+            "queue_to_dispatch_p99_s",
+            "queue_to_start_p50_s",
+            "queue_to_start_p99_s",
+            "wasted_dispatches",
+            "busy_runners_destroyed",
+            "stranded_jobs",
+            "github_rate_limited_requests_per_repo_hour",
+            "nomad_requests_per_tick",
+        ] {
+            assert!(row[key].is_number(), "{key} in {row}");
+        }
+        // Every strategy dispatched and some work started, so the latencies were measured.
+        assert!(row["dispatches"].as_u64() > Some(0), "{row}");
+        assert!(
+            row["queue_to_start_p99_s"].as_u64() >= row["queue_to_start_p50_s"].as_u64(),
+            "{row}"
+        );
+    }
 }

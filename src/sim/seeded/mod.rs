@@ -16,6 +16,8 @@
 //! - [`invariants`]: the invariants I1 to I7.
 //! - [`trace`]: the event trace and its hash.
 
+pub mod baselines;
+pub mod bench;
 pub mod invariants;
 pub mod options;
 pub mod ports;
@@ -36,10 +38,15 @@ use serde::Serialize;
 use crate::config::{ConfigDefaults, parse_document};
 use crate::control_loop::{Controller, LoopSettings};
 use crate::plan::{Plan, PlanInput, PlanSettings};
+pub use bench::{BenchRow, Strategy};
 pub use invariants::{ConvergenceBound, PENDING, Violation};
-use ports::{CANARY, Shared, Sim, lock};
+use ports::{CANARY, Requests, Shared, Sim, lock};
 pub use scenarios::Scenario;
 use world::{Counts, EPOCH_UNIX, World};
+
+/// A baseline's run ends this long after arrivals and faults stop, if it has not drained by
+/// then; what is still queued is stranded and what is still in flight was wasted.
+pub const BASELINE_TAIL_S: u64 = 2 * 3600;
 
 /// The world moves in steps of this many simulated seconds.
 pub const STEP_S: u64 = 1;
@@ -51,6 +58,9 @@ pub struct RunSettings {
     pub planner: Option<fn(PlanInput<'_>) -> Plan>,
     /// Keep the event trace as text (a replay prints it).
     pub keep_trace: bool,
+    /// Who runs the runners: our controller, or a baseline the benchmark compares it to.
+    /// Baselines are measured, not judged: their violations are counted and the run goes on.
+    pub strategy: Strategy,
 }
 
 /// What one seed showed.
@@ -76,6 +86,23 @@ pub struct SeedOutcome {
     pub wall_ms: u128,
     #[serde(skip)]
     pub trace: Vec<String>,
+    /// What the benchmark reads.
+    #[serde(skip)]
+    pub measured: Measured,
+}
+
+/// One seed's figures for the benchmark.
+#[derive(Clone, Debug, Default)]
+pub struct Measured {
+    pub strategy: Strategy,
+    pub queue_to_dispatch_s: Vec<u64>,
+    pub queue_to_start_s: Vec<u64>,
+    pub wasted_dispatches: u64,
+    pub stranded_jobs: u64,
+    pub requests: Requests,
+    pub github_repos: u64,
+    /// The first invariant that did not hold (a baseline runs on past it).
+    pub first_violation: Option<Violation>,
 }
 
 impl SeedOutcome {
@@ -139,6 +166,10 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
         pending: PENDING,
         wall_ms: 0,
         trace: Vec::new(),
+        measured: Measured {
+            strategy: settings.strategy,
+            ..Measured::default()
+        },
     };
     let config = match parse_document(options.document().as_bytes(), &ConfigDefaults::default()) {
         Ok(config) => config,
@@ -182,14 +213,27 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
         world_rng,
         trace::Trace::new(settings.keep_trace),
     )));
-    let mut controller = Controller::new(
-        ports::services(&shared),
-        loop_settings.clone(),
-        Box::new(controller_rng),
-    );
-    if let Some(planner) = settings.planner {
-        controller = controller.with_planner(planner);
-    }
+    let mut actor = match settings.strategy {
+        Strategy::Ours => {
+            let mut controller = Controller::new(
+                ports::services(&shared),
+                loop_settings.clone(),
+                Box::new(controller_rng),
+            );
+            if let Some(planner) = settings.planner {
+                controller = controller.with_planner(planner);
+            }
+            Actor::Ours(Box::new(controller))
+        }
+        Strategy::Seed => Actor::Seed(baselines::SeedPoller::new(
+            ports::services(&shared),
+            shared.clone(),
+        )),
+        Strategy::EphemerdPreVeto => Actor::Ephemerd(baselines::EphemerdPreVeto::new(
+            ports::services(&shared),
+            shared.clone(),
+        )),
+    };
 
     let logs = LogWatch::default();
     let subscriber = tracing_subscriber::fmt()
@@ -200,9 +244,14 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
             move || logs.clone()
         })
         .finish();
-    let driven = tracing::subscriber::with_default(subscriber, || {
-        drive(&mut controller, &shared, &loop_settings, &logs)
+    let mut driven = tracing::subscriber::with_default(subscriber, || {
+        drive(&mut actor, &shared, &loop_settings, &logs)
     });
+    outcome.measured.first_violation = driven.violation.clone();
+    if settings.strategy != Strategy::Ours {
+        // A baseline is measured, not judged.
+        driven.violation = None;
+    }
     outcome.violation = driven.violation;
     outcome.convergence = driven.convergence;
     outcome.ticks = driven.ticks;
@@ -214,8 +263,27 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
     outcome.trace_events = sim.trace.events();
     outcome.trace = sim.trace.take_kept();
     outcome.log_lines = logs.lines();
+    let m = &mut outcome.measured;
+    m.queue_to_dispatch_s = std::mem::take(&mut sim.world.latencies.queue_to_dispatch_s);
+    m.queue_to_start_s = std::mem::take(&mut sim.world.latencies.queue_to_start_s);
+    m.wasted_dispatches = sim.world.wasted_dispatches();
+    m.stranded_jobs = sim.world.stranded_jobs();
+    m.requests = sim.requests.clone();
+    m.github_repos = sim
+        .options
+        .repos
+        .iter()
+        .filter(|r| r.forge == options::ForgeKind::GitHub)
+        .count() as u64;
     outcome.wall_ms = started.elapsed().as_millis();
     outcome
+}
+
+/// Who acts on the world each step.
+enum Actor {
+    Ours(Box<Controller>),
+    Seed(baselines::SeedPoller),
+    Ephemerd(baselines::EphemerdPreVeto),
 }
 
 struct Driven {
@@ -225,7 +293,7 @@ struct Driven {
 }
 
 fn drive(
-    controller: &mut Controller,
+    actor: &mut Actor,
     shared: &Shared,
     loop_settings: &LoopSettings,
     logs: &LogWatch,
@@ -254,11 +322,25 @@ fn drive(
     let mut t = 0;
     loop {
         lock(shared).advance(t);
-        if t % poll_s == 0 {
+        let poll = t % poll_s == 0;
+        if poll {
+            driven.ticks += 1;
+        }
+        match actor {
+            Actor::Ours(_) => {}
+            Actor::Seed(seed) => {
+                if poll {
+                    let now_s = t;
+                    runtime.block_on(seed.tick(&config));
+                    lock(shared).trace.record(now_s, "seed poller tick");
+                }
+            }
+            Actor::Ephemerd(ephemerd) => runtime.block_on(ephemerd.step(&config, t, poll)),
+        }
+        if let (true, Actor::Ours(controller)) = (poll, &mut *actor) {
             let now = chrono::DateTime::from_timestamp(EPOCH_UNIX + t as i64, 0)
                 .expect("simulated time is in range");
             let view = runtime.block_on(controller.tick(&config, 1, now, false));
-            driven.ticks += 1;
             let json = serde_json::to_string(&view).expect("a tick view serialises");
             let mut sim = lock(shared);
             if json.contains(CANARY) {
@@ -304,9 +386,14 @@ fn drive(
             return driven;
         }
         let sim = lock(shared);
-        if let Some(v) = checker.after_step(&sim) {
+        // A baseline is judged until its first violation, then only measured.
+        if driven.violation.is_none()
+            && let Some(v) = checker.after_step(&sim)
+        {
             driven.violation = Some(v);
-            return driven;
+            if matches!(actor, Actor::Ours(_)) {
+                return driven;
+            }
         }
         if t == converge_from_s {
             driven.convergence = Some(invariants::convergence_bound(
@@ -322,8 +409,16 @@ fn drive(
                 _ => invariants::converged(&sim).then_some(t),
             };
             let quiet = converged_since.is_some_and(|since| t >= since + 2 * poll_s);
-            if quiet || t >= bound.bound_s {
-                driven.violation = invariants::i6(&sim, bound);
+            // A baseline that never drains (the seed poller fills a full cluster with pending
+            // children) is measured up to a horizon, not simulated for days.
+            let horizon = match actor {
+                Actor::Ours(_) => bound.bound_s,
+                _ => bound.bound_s.min(converge_from_s + BASELINE_TAIL_S),
+            };
+            if quiet || t >= horizon {
+                if driven.violation.is_none() {
+                    driven.violation = invariants::i6(&sim, bound);
+                }
                 return driven;
             }
         }
@@ -458,28 +553,8 @@ pub fn sweep_with(
 ) -> SweepReport {
     let started = Instant::now();
     let seeds: Vec<u64> = seeds.collect();
-    let next = AtomicUsize::new(0);
-    let outcomes: Mutex<Vec<SeedOutcome>> = Mutex::new(Vec::with_capacity(seeds.len()));
     let threads = threads.max(1);
-    std::thread::scope(|scope| {
-        for _ in 0..threads {
-            scope.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(&seed) = seeds.get(i) else { break };
-                    let outcome =
-                        std::panic::catch_unwind(|| run_seed_with(scenario, seed, settings))
-                            .unwrap_or_else(|panic| panicked(scenario, seed, panic));
-                    outcomes
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(outcome);
-                }
-            });
-        }
-    });
-    let mut outcomes = outcomes.into_inner().unwrap_or_else(|p| p.into_inner());
-    outcomes.sort_by_key(|o| o.seed);
+    let outcomes = sweep_outcomes(scenario, seeds.iter().copied(), threads, settings);
     let mut report = SweepReport {
         scenario,
         first_seed: seeds.iter().copied().min().unwrap_or(0),
@@ -510,6 +585,38 @@ pub fn sweep_with(
     report
 }
 
+/// Every seed's outcome, in seed order.
+pub fn sweep_outcomes(
+    scenario: Scenario,
+    seeds: impl Iterator<Item = u64>,
+    threads: usize,
+    settings: RunSettings,
+) -> Vec<SeedOutcome> {
+    let seeds: Vec<u64> = seeds.collect();
+    let next = AtomicUsize::new(0);
+    let outcomes: Mutex<Vec<SeedOutcome>> = Mutex::new(Vec::with_capacity(seeds.len()));
+    std::thread::scope(|scope| {
+        for _ in 0..threads.max(1) {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&seed) = seeds.get(i) else { break };
+                    let outcome =
+                        std::panic::catch_unwind(|| run_seed_with(scenario, seed, settings))
+                            .unwrap_or_else(|panic| panicked(scenario, seed, panic));
+                    outcomes
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(outcome);
+                }
+            });
+        }
+    });
+    let mut outcomes = outcomes.into_inner().unwrap_or_else(|p| p.into_inner());
+    outcomes.sort_by_key(|o| o.seed);
+    outcomes
+}
+
 fn panicked(scenario: Scenario, seed: u64, panic: Box<dyn std::any::Any + Send>) -> SeedOutcome {
     let what = panic
         .downcast_ref::<&str>()
@@ -537,6 +644,7 @@ fn panicked(scenario: Scenario, seed: u64, panic: Box<dyn std::any::Any + Send>)
         pending: PENDING,
         wall_ms: 0,
         trace: Vec::new(),
+        measured: Measured::default(),
     }
 }
 

@@ -12,7 +12,7 @@
 //! crashes (a failed start); a runner exits after its one job, or after an idle timeout; dead
 //! children stay listed until purged.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use rand::Rng;
 use rand::rngs::StdRng;
@@ -105,6 +105,8 @@ pub struct SimChild {
     pub phase: Phase,
     /// The registration token as Nomad stores it in meta (a canary: it must never show).
     pub token: Option<String>,
+    /// Its runner took a job at some point (a child that never did was a wasted dispatch).
+    pub ran_job: bool,
 }
 
 /// A run as a workflow defines it, kept for re-runs: each job's labels and the index of the
@@ -139,6 +141,8 @@ pub struct Counts {
     pub live_runners_purged: u64,
     /// Foreign children purged (never allowed).
     pub foreign_purged: u64,
+    /// Jobs GitHub cancelled after 24 hours in the queue: stranded for good.
+    pub jobs_expired: u64,
 }
 
 impl Counts {
@@ -156,6 +160,54 @@ impl Counts {
         self.escaped_busy += other.escaped_busy;
         self.live_runners_purged += other.live_runners_purged;
         self.foreign_purged += other.foreign_purged;
+        self.jobs_expired += other.jobs_expired;
+    }
+}
+
+/// How long work waited, as the benchmark measures it, in simulated seconds from when a job
+/// was queued (or from the start of the run, for jobs queued before it).
+#[derive(Clone, Debug, Default)]
+pub struct Latencies {
+    /// Queued → the dispatch that served it. Runners are fungible, so dispatches of a bucket
+    /// are matched to its queued jobs oldest first; a job a runner took before any dispatch was
+    /// matched to it is served by that runner's dispatch.
+    pub queue_to_dispatch_s: Vec<u64>,
+    /// Queued → a runner took it.
+    pub queue_to_start_s: Vec<u64>,
+    /// Queued jobs of each bucket not yet matched to a dispatch, oldest first.
+    unmatched: BTreeMap<(RepoName, LabelSet), VecDeque<u64>>,
+    matched: BTreeSet<u64>,
+}
+
+impl Latencies {
+    fn queued(&mut self, bucket: (RepoName, LabelSet), job: u64) {
+        self.unmatched.entry(bucket).or_default().push_back(job);
+    }
+
+    /// A dispatch for `bucket` at `t` serves its oldest queued job that has none yet.
+    fn dispatched(&mut self, bucket: &(RepoName, LabelSet), t: u64, jobs: &BTreeMap<u64, Job>) {
+        let Some(waiting) = self.unmatched.get_mut(bucket) else {
+            return;
+        };
+        while let Some(id) = waiting.pop_front() {
+            let Some(job) = jobs.get(&id) else { continue };
+            if job.truth != Truth::Queued || self.matched.contains(&id) {
+                continue;
+            }
+            self.matched.insert(id);
+            self.queue_to_dispatch_s
+                .push(t.saturating_sub(job.queued_at_s.max(0) as u64));
+            return;
+        }
+    }
+
+    fn started(&mut self, job: &Job, id: u64, t: u64, runner_submitted_s: u64) {
+        let queued = job.queued_at_s.max(0) as u64;
+        if self.matched.insert(id) {
+            self.queue_to_dispatch_s
+                .push(runner_submitted_s.saturating_sub(queued));
+        }
+        self.queue_to_start_s.push(t.saturating_sub(queued));
     }
 }
 
@@ -171,6 +223,9 @@ pub struct World {
     /// `repo_url` meta → repo.
     pub repo_urls: BTreeMap<String, RepoName>,
     repo_names: Vec<RepoName>,
+    pub latencies: Latencies,
+    /// Children of ours whose runner never took a job, counted as they are purged.
+    pub wasted_purged: u64,
 }
 
 /// Unix time of simulated second 0 (a Monday morning), the base of child ids.
@@ -192,6 +247,8 @@ impl World {
             counts: Counts::default(),
             repo_urls,
             repo_names,
+            latencies: Latencies::default(),
+            wasted_purged: 0,
         }
     }
 
@@ -219,6 +276,7 @@ impl World {
                 placement: Placement::Placed,
                 phase: Phase::Exited,
                 token: None,
+                ran_job: false,
             },
         );
     }
@@ -350,6 +408,8 @@ impl World {
         job.truth = Truth::Queued;
         job.queued_at_s = t as i64;
         self.counts.jobs += 1;
+        let bucket = (job.repo.clone(), job.labels.clone());
+        self.latencies.queued(bucket, id);
         self.show(id, t, Visible::Queued, o, rng);
     }
 
@@ -393,6 +453,7 @@ impl World {
             .collect();
         for (id, queued_at_s) in queued {
             if t as i64 - queued_at_s >= QUEUED_JOB_CANCEL_S {
+                self.counts.jobs_expired += 1;
                 self.cancel(id, t, "queued for 24 hours", o, rng, trace);
             } else if o.cancel_per_s > 0.0 && rng.random_bool(o.cancel_per_s) {
                 self.cancel(id, t, "by a user", o, rng, trace);
@@ -430,26 +491,29 @@ impl World {
     }
 
     fn place(&mut self, t: u64, o: &Options, rng: &mut StdRng, trace: &mut Trace) {
-        let mut free = o.cluster_slots.saturating_sub(self.slots_used(t, o));
+        let free = o.cluster_slots.saturating_sub(self.slots_used(t, o));
+        if free == 0 {
+            return;
+        }
         // Child ids sort by submission (unix time, then a counter): first come, first placed.
-        let ids: Vec<ChildId> = self.children.keys().cloned().collect();
+        let ids: Vec<ChildId> = self
+            .children
+            .iter()
+            .filter(|(_, c)| {
+                matches!(c.phase, Phase::Unplaced { eligible_at } if eligible_at <= t)
+                    && c.status == ChildStatus::Pending
+            })
+            .take(free as usize)
+            .map(|(id, _)| id.clone())
+            .collect();
         for id in ids {
-            if free == 0 {
-                break;
-            }
             let child = self.children.get_mut(&id).expect("listed above");
-            if let Phase::Unplaced { eligible_at } = child.phase
-                && eligible_at <= t
-                && child.status == ChildStatus::Pending
-            {
-                child.phase = Phase::Booting {
-                    ready_at: t + rng.random_range(o.boot_s.0..=o.boot_s.1),
-                };
-                child.status = ChildStatus::Running;
-                child.placement = Placement::Placed;
-                free -= 1;
-                trace.record(t, format!("placed {id}"));
-            }
+            child.phase = Phase::Booting {
+                ready_at: t + rng.random_range(o.boot_s.0..=o.boot_s.1),
+            };
+            child.status = ChildStatus::Running;
+            child.placement = Placement::Placed;
+            trace.record(t, format!("placed {id}"));
         }
     }
 
@@ -556,7 +620,12 @@ impl World {
                     if cross {
                         self.counts.cross_bucket_takes += 1;
                     }
-                    self.children.get_mut(&id).expect("listed").phase = Phase::Busy { job: job_id };
+                    let child = self.children.get_mut(&id).expect("listed");
+                    child.phase = Phase::Busy { job: job_id };
+                    child.ran_job = true;
+                    let submitted_s = child.submitted_s;
+                    self.latencies
+                        .started(&self.jobs[&job_id], job_id, t, submitted_s);
                     self.show(job_id, t, Visible::Running(runner.clone()), o, rng);
                     trace.record(
                         t,
@@ -621,9 +690,15 @@ impl World {
                 placement: Placement::Unplaced,
                 phase: Phase::Unplaced { eligible_at },
                 token,
+                ran_job: false,
             },
         );
         self.counts.dispatches += 1;
+        let child = &self.children[&id];
+        if let Some(repo) = child.repo.clone() {
+            let bucket = (repo, child.labels.clone());
+            self.latencies.dispatched(&bucket, t, &self.jobs);
+        }
         id
     }
 
@@ -635,6 +710,8 @@ impl World {
         self.counts.purges += 1;
         if child.repo.is_none() && child.repo_url.is_none() {
             self.counts.foreign_purged += 1;
+        } else if !child.ran_job {
+            self.wasted_purged += 1;
         }
         match child.phase {
             Phase::Busy { job } => {
@@ -692,6 +769,26 @@ impl World {
             deepest = deepest.max(depth);
         }
         deepest
+    }
+
+    /// Dispatches whose runner never took a job: purged ones, and ones still listed.
+    pub fn wasted_dispatches(&self) -> u64 {
+        let listed = self
+            .children
+            .values()
+            .filter(|c| c.repo.is_some() && !c.ran_job)
+            .count() as u64;
+        self.wasted_purged + listed
+    }
+
+    /// Jobs that never got a runner: still queued now, or cancelled by GitHub after 24 hours.
+    pub fn stranded_jobs(&self) -> u64 {
+        let queued = self
+            .jobs
+            .values()
+            .filter(|j| j.truth == Truth::Queued)
+            .count() as u64;
+        queued + self.counts.jobs_expired
     }
 
     pub fn repos(&self) -> &[RepoName] {
