@@ -3,6 +3,8 @@
 
 pub mod daemon_clients;
 pub mod memory;
+#[cfg(unix)]
+pub mod process_bench;
 pub mod seeded;
 pub mod twins;
 pub mod world;
