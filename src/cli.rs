@@ -100,6 +100,13 @@ pub struct SimulateArgs {
     /// (`seed`, `ephemerd-pre-veto`), whose invariant violations are reported, not failed.
     #[arg(long, default_value = "ours")]
     pub strategy: String,
+    /// Measure the daemon's own CPU time and peak RSS: run `runner-scaler run` as its own
+    /// process against the demo world's twins for --window of real time.
+    #[arg(long, conflicts_with_all = ["bench", "seeds"])]
+    pub bench_process: bool,
+    /// How long --bench-process lets the daemon run (default 60s).
+    #[arg(long, requires = "bench_process", value_parser = humantime::parse_duration)]
+    pub window: Option<Duration>,
     #[arg(long)]
     pub json: bool,
 }
@@ -272,6 +279,28 @@ mod tests {
                 "--{name} would take a secret"
             );
         }
+    }
+
+    #[test]
+    fn the_process_bench_window_is_humantime_and_needs_the_process_bench() {
+        let cli = Cli::try_parse_from([
+            "runner-scaler",
+            "simulate",
+            "--bench-process",
+            "--window",
+            "90s",
+        ])
+        .unwrap();
+        let Command::Simulate(args) = cli.command else {
+            panic!("not simulate")
+        };
+        assert!(args.bench_process);
+        assert_eq!(args.window, Some(Duration::from_secs(90)));
+        assert!(Cli::try_parse_from(["runner-scaler", "simulate", "--window", "5s"]).is_err());
+        assert!(
+            Cli::try_parse_from(["runner-scaler", "simulate", "--bench-process", "--bench"])
+                .is_err()
+        );
     }
 
     #[test]

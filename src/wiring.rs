@@ -330,6 +330,9 @@ async fn once(args: DaemonArgs, dry_run: bool, json: bool) -> ExitCode {
 /// current-thread runtimes, so it is driven from plain threads, outside any runtime.
 fn simulate(args: SimulateArgs) -> ExitCode {
     use crate::sim::seeded::Scenario;
+    if args.bench_process {
+        return simulate_process_bench(args);
+    }
     if args.bench {
         return simulate_bench(&args);
     }
@@ -506,4 +509,77 @@ async fn simulate_demo(args: SimulateArgs) -> ExitCode {
             ExitCode::from(EXIT_INVALID as u8)
         }
     }
+}
+
+/// `simulate --bench-process`: this binary's `run` as a child process against the demo
+/// world's twins, for `--window` of real time; reports its CPU time and peak RSS.
+#[cfg(unix)]
+fn simulate_process_bench(args: SimulateArgs) -> ExitCode {
+    use crate::sim::process_bench::{ProcessBenchOptions, poll_interval_for, run_process_bench};
+    if args.scenario != "demo" {
+        eprintln!(
+            "runner-scaler simulate: --bench-process runs the demo world; --scenario {} is not supported with it",
+            args.scenario
+        );
+        return ExitCode::from(EXIT_BAD_SETTINGS as u8);
+    }
+    let options = ProcessBenchOptions {
+        window: args.window.unwrap_or(std::time::Duration::from_secs(60)),
+        seed: args.seed.unwrap_or(1),
+    };
+    if options.window.is_zero() {
+        eprintln!("runner-scaler simulate: --window must be longer than zero");
+        return ExitCode::from(EXIT_BAD_SETTINGS as u8);
+    }
+    let daemon_exe = match std::env::current_exe() {
+        Ok(path) => path,
+        Err(e) => {
+            eprintln!("simulate: find this program's own path to run the daemon: {e}");
+            return ExitCode::from(EXIT_INVALID as u8);
+        }
+    };
+    if !args.json {
+        println!(
+            "running `runner-scaler run` as its own process against twins on loopback for {}, polling every {}",
+            humantime::format_duration(options.window),
+            humantime::format_duration(poll_interval_for(options.window))
+        );
+    }
+    match runtime().block_on(run_process_bench(&daemon_exe, &options)) {
+        Ok(report) => {
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).expect("a bench report serialises")
+                );
+            } else {
+                print!("{}", report.render_text());
+            }
+            if report.ok() {
+                ExitCode::SUCCESS
+            } else {
+                if args.json {
+                    for problem in report.problems() {
+                        eprintln!("simulate --bench-process: {problem}");
+                    }
+                    for line in &report.daemon_log_tail {
+                        eprintln!("  daemon: {line}");
+                    }
+                }
+                ExitCode::from(EXIT_INVALID as u8)
+            }
+        }
+        Err(e) => {
+            eprintln!("simulate --bench-process: {e}");
+            ExitCode::from(EXIT_INVALID as u8)
+        }
+    }
+}
+
+#[cfg(not(unix))]
+fn simulate_process_bench(_args: SimulateArgs) -> ExitCode {
+    eprintln!(
+        "runner-scaler simulate: --bench-process reads the daemon's usage with wait4, which needs a Unix system"
+    );
+    ExitCode::from(EXIT_BAD_SETTINGS as u8)
 }

@@ -7,26 +7,20 @@
 //! for. A runner with more labels can therefore take another bucket's job.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use secrecy::SecretString;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::clients::consul::{ConsulKv, ConsulSettings};
-use crate::clients::forgejo::Forgejo;
-use crate::clients::github::{AppCredentials, GitHub, GitHubSettings};
-use crate::clients::http::TlsFiles;
-use crate::clients::nomad::{NomadClient, NomadSettings};
-use crate::clients::vault::{VaultKv, VaultSettings};
 use crate::config::watch::{WatchSettings, spawn as spawn_watcher};
 use crate::config::{Config, ConfigDefaults, Route, parse_document};
-use crate::control_loop::{Controller, Forge, LoopSettings, Services};
+use crate::control_loop::{Controller, LoopSettings};
 use crate::model::{LabelSet, MANAGED_BY, RepoName};
 use crate::observe::ChildStatus;
+use crate::sim::daemon_clients::{DaemonClients, TwinAddresses, TwinCredentials};
+use crate::sim::twins::TwinServer;
 use crate::sim::twins::consul::ConsulTwin;
 use crate::sim::twins::forgejo::ForgejoTwin;
 use crate::sim::twins::github::{GitHubTwin, TEST_APP_ID, TEST_APP_PRIVATE_KEY_PEM, TwinJobStatus};
@@ -175,105 +169,132 @@ struct Runner {
     ran_a_job: bool,
 }
 
-/// The twins and their servers.
-struct Twins {
-    github: GitHubTwin,
-    forgejo: ForgejoTwin,
-    nomad: NomadTwin,
-    consul: ConsulTwin,
-    vault: VaultTwin,
-    servers: Vec<crate::sim::twins::TwinServer>,
+/// The credentials the simulated daemon presents, which [`SimTwins::provision`] makes the
+/// twins accept.
+pub const SIM_CREDENTIALS: TwinCredentials = TwinCredentials {
+    nomad_token: NOMAD_TOKEN,
+    consul_token: CONSUL_TOKEN,
+    vault_token: VAULT_TOKEN,
+    github_app_id: TEST_APP_ID,
+    github_app_private_key_pem: TEST_APP_PRIVATE_KEY_PEM,
+    config_key: CONFIG_KEY,
+};
+
+/// The five twins on loopback; dropping this stops their servers.
+pub struct SimTwins {
+    pub github: GitHubTwin,
+    pub forgejo: ForgejoTwin,
+    pub nomad: NomadTwin,
+    pub consul: ConsulTwin,
+    pub vault: VaultTwin,
+    pub addresses: TwinAddresses,
+    _servers: Vec<TwinServer>,
 }
 
-async fn start_twins() -> Result<Twins, String> {
-    let io = |e: std::io::Error| format!("start a twin on loopback: {e}");
-    let github = GitHubTwin::new();
-    let forgejo = ForgejoTwin::new();
-    let nomad = NomadTwin::with_seed(1);
-    let consul = ConsulTwin::with_token(CONSUL_TOKEN);
-    let vault = VaultTwin::new();
-    let servers = vec![
-        github.start().await.map_err(io)?,
-        forgejo.serve().await.map_err(io)?,
-        nomad.serve().await.map_err(io)?,
-        crate::sim::twins::TwinServer::start(consul.router())
-            .await
-            .map_err(io)?,
-        vault.serve().await.map_err(io)?,
-    ];
-    Ok(Twins {
-        github,
-        forgejo,
-        nomad,
-        consul,
-        vault,
-        servers,
-    })
+impl SimTwins {
+    /// Starts every twin on loopback with nothing provisioned.
+    pub async fn start() -> Result<SimTwins, String> {
+        let io = |e: std::io::Error| format!("start a twin on loopback: {e}");
+        let github = GitHubTwin::new();
+        let forgejo = ForgejoTwin::new();
+        let nomad = NomadTwin::with_seed(1);
+        let consul = ConsulTwin::with_token(CONSUL_TOKEN);
+        let vault = VaultTwin::new();
+        let github_server = github.start().await.map_err(io)?;
+        let forgejo_server = forgejo.serve().await.map_err(io)?;
+        let nomad_server = nomad.serve().await.map_err(io)?;
+        let consul_server = TwinServer::start(consul.router()).await.map_err(io)?;
+        let vault_server = vault.serve().await.map_err(io)?;
+        let addresses = TwinAddresses {
+            github: github_server.base_url(),
+            forgejo: forgejo_server.base_url(),
+            nomad: nomad_server.base_url(),
+            consul: consul_server.base_url(),
+            vault: vault_server.base_url(),
+        };
+        Ok(SimTwins {
+            github,
+            forgejo,
+            nomad,
+            consul,
+            vault,
+            addresses,
+            _servers: vec![
+                github_server,
+                forgejo_server,
+                nomad_server,
+                consul_server,
+                vault_server,
+            ],
+        })
+    }
+
+    /// Sets the world of BRIEF.md up the way an operator would: parents registered, secrets
+    /// stored, the App installed, the document written, every twin accepting
+    /// [`SIM_CREDENTIALS`]. Returns the document.
+    pub fn provision(&self) -> String {
+        self.github.install_app("afreidah");
+        self.github.add_repo(&repo("afreidah/munchbox"));
+        self.github.add_repo(&repo("ev-the-dev/moat"));
+        self.github.add_pat(
+            POLL_TOKEN,
+            "moat-poller",
+            Some(&[repo("ev-the-dev/moat")]),
+            &[("actions", "read")],
+        );
+        self.forgejo.add_token(FORGEJO_TOKEN);
+        self.forgejo.add_repo("alex/s3-orchestrator");
+        self.vault.add_token(
+            VAULT_TOKEN,
+            VaultPolicy::read_only(["secret/data/github/moat-poll", "secret/data/forgejo/scaler"]),
+        );
+        self.vault
+            .put_secret("secret", "github/moat-poll", json!({ "token": POLL_TOKEN }));
+        self.vault.put_secret(
+            "secret",
+            "forgejo/scaler",
+            json!({ "token": FORGEJO_TOKEN }),
+        );
+        self.vault.put_secret(
+            "secret",
+            "github/moat-runner",
+            json!({ "token": "admin-only" }),
+        );
+        self.nomad.set_acl_token(Some(NOMAD_TOKEN));
+        // Parents that get a registration token from the daemon.
+        for parent in ["ci-runner", "forgejo-build-runner"] {
+            self.nomad.register_parent(
+                parent,
+                TOKEN_PARENT_META_REQUIRED,
+                PARENT_META_OPTIONAL,
+                PayloadRule::Forbidden,
+            );
+        }
+        // Vault-mode parents read their admin token themselves: no runner_token in meta.
+        for parent in ["github-runner-moat-vm", "go-ci-runner"] {
+            self.nomad.register_parent(
+                parent,
+                &["repo_url", "runner_name"],
+                PARENT_META_OPTIONAL,
+                PayloadRule::Forbidden,
+            );
+        }
+        let document = BRIEF_DOCUMENT_TEMPLATE.replace("FORGEJO_URL", &self.addresses.forgejo);
+        self.consul.set(CONFIG_KEY, document.clone());
+        document
+    }
 }
 
 fn repo(name: &str) -> RepoName {
     RepoName::parse(name).expect("a valid repo name")
 }
 
-/// Sets the world up the way an operator would: parents registered, secrets stored, the App
-/// installed, the document written.
-fn provision(twins: &Twins) -> String {
-    let forgejo_url = twins.servers[1].base_url();
-    twins.github.install_app("afreidah");
-    twins.github.add_repo(&repo("afreidah/munchbox"));
-    twins.github.add_repo(&repo("ev-the-dev/moat"));
-    twins.github.add_pat(
-        POLL_TOKEN,
-        "moat-poller",
-        Some(&[repo("ev-the-dev/moat")]),
-        &[("actions", "read")],
-    );
-    twins.forgejo.add_token(FORGEJO_TOKEN);
-    twins.forgejo.add_repo("alex/s3-orchestrator");
-    twins.vault.add_token(
-        VAULT_TOKEN,
-        VaultPolicy::read_only(["secret/data/github/moat-poll", "secret/data/forgejo/scaler"]),
-    );
-    twins
-        .vault
-        .put_secret("secret", "github/moat-poll", json!({ "token": POLL_TOKEN }));
-    twins.vault.put_secret(
-        "secret",
-        "forgejo/scaler",
-        json!({ "token": FORGEJO_TOKEN }),
-    );
-    twins.vault.put_secret(
-        "secret",
-        "github/moat-runner",
-        json!({ "token": "admin-only" }),
-    );
-    twins.nomad.set_acl_token(Some(NOMAD_TOKEN));
-    // Parents that get a registration token from the daemon.
-    for parent in ["ci-runner", "forgejo-build-runner"] {
-        twins.nomad.register_parent(
-            parent,
-            TOKEN_PARENT_META_REQUIRED,
-            PARENT_META_OPTIONAL,
-            PayloadRule::Forbidden,
-        );
-    }
-    // Vault-mode parents read their admin token themselves: no runner_token in meta.
-    for parent in ["github-runner-moat-vm", "go-ci-runner"] {
-        twins.nomad.register_parent(
-            parent,
-            &["repo_url", "runner_name"],
-            PARENT_META_OPTIONAL,
-            PayloadRule::Forbidden,
-        );
-    }
-    let document = BRIEF_DOCUMENT_TEMPLATE.replace("FORGEJO_URL", &forgejo_url);
-    twins.consul.set(CONFIG_KEY, document.clone());
-    document
-}
+/// The repos the BRIEF document serves from Forgejo; the others are on GitHub.
+const FORGEJO_REPO: &str = "alex/s3-orchestrator";
 
 /// The burst: (repo, labels) per job, GitHub jobs first. The superset pair is in moat: a
 /// `[go, vm]` job whose runner may take the `[go]` job.
-fn burst() -> Vec<(&'static str, Vec<&'static str>)> {
+pub fn burst() -> Vec<(&'static str, Vec<&'static str>)> {
     let mut jobs = Vec::new();
     for _ in 0..5 {
         jobs.push(("afreidah/munchbox", vec!["self-hosted"]));
@@ -284,80 +305,267 @@ fn burst() -> Vec<(&'static str, Vec<&'static str>)> {
         jobs.push(("ev-the-dev/moat", vec!["self-hosted", "go"]));
     }
     for _ in 0..3 {
-        jobs.push(("alex/s3-orchestrator", vec!["build"]));
+        jobs.push((FORGEJO_REPO, vec!["build"]));
     }
     jobs
 }
 
-fn build_daemon(twins: &Twins) -> Result<(Controller, ConsulKv), String> {
-    let timeout = Duration::from_secs(5);
-    let vault = Arc::new(VaultKv::new(VaultSettings {
-        addr: url::Url::parse(&twins.servers[4].base_url()).map_err(|e| e.to_string())?,
-        token: SecretString::from(VAULT_TOKEN),
-        namespace: None,
-        ca_cert: None,
-        mount: "secret".into(),
-    })?);
-    let github = Arc::new(GitHub::new(
-        GitHubSettings {
-            api_url: url::Url::parse(&twins.servers[0].base_url()).map_err(|e| e.to_string())?,
-            app: Some(AppCredentials {
-                app_id: TEST_APP_ID.into(),
-                private_key: SecretString::from(TEST_APP_PRIVATE_KEY_PEM),
-                installation_id: None,
-            }),
-            request_timeout: timeout,
-        },
-        vault.clone(),
-    )?);
-    let forgejo = Arc::new(Forgejo::new(vault, &TlsFiles::default(), timeout)?);
-    let mut nomad_settings = NomadSettings::new(
-        url::Url::parse(&twins.servers[2].base_url()).map_err(|e| e.to_string())?,
-    );
-    nomad_settings.token = Some(SecretString::from(NOMAD_TOKEN));
-    let nomad = Arc::new(NomadClient::new(nomad_settings, timeout)?);
-    let consul = ConsulKv::new(
-        &ConsulSettings {
-            address: twins.servers[3].base_url(),
-            token: Some(SecretString::from(CONSUL_TOKEN)),
-            ca_cert: None,
-            client_cert: None,
-            client_key: None,
-        },
-        CONFIG_KEY,
-    )?;
-    let services = Services {
-        github: Some(Forge {
-            queue: github.clone(),
-            registrar: github,
-        }),
-        forgejo: Some(Forge {
-            queue: forgejo.clone(),
-            registrar: forgejo,
-        }),
-        children: nomad.clone(),
-        control: nomad,
-    };
-    Ok((
-        Controller::new(
-            services,
-            LoopSettings::default(),
-            Box::new(StdRng::from_os_rng()),
-        ),
-        consul,
-    ))
+/// The cluster and the runners around the daemon: it places the children the daemon
+/// dispatches, boots runners in them that take work the way the forges hand it out, and
+/// ends the children when their runners exit. It moves only when [`World::step`] is called.
+pub struct World<'t> {
+    twins: &'t SimTwins,
+    config: Config,
+    parents: BTreeSet<String>,
+    options: WorldOptions,
+    rng: StdRng,
+    github_jobs: BTreeMap<(RepoName, u64), LabelSet>,
+    forgejo_jobs: BTreeMap<u64, LabelSet>,
+    runners: BTreeMap<String, Runner>,
+    seen_children: BTreeSet<String>,
+    served: BTreeSet<(String, u64)>,
+    in_flight_now: usize,
+    summary: WorldSummary,
+}
+
+impl<'t> World<'t> {
+    /// A world over provisioned `twins` serving `config`, with no job queued yet.
+    pub fn new(twins: &'t SimTwins, config: Config, options: WorldOptions) -> World<'t> {
+        World {
+            twins,
+            parents: config.parents(),
+            config,
+            rng: StdRng::seed_from_u64(options.seed),
+            summary: WorldSummary {
+                seed: options.seed,
+                ..WorldSummary::default()
+            },
+            options,
+            github_jobs: BTreeMap::new(),
+            forgejo_jobs: BTreeMap::new(),
+            runners: BTreeMap::new(),
+            seen_children: BTreeSet::new(),
+            served: BTreeSet::new(),
+            in_flight_now: 0,
+        }
+    }
+
+    /// Queues one job on `repo_name`'s forge (Forgejo for the BRIEF's Forgejo repo, GitHub
+    /// for the others), asking for `labels`.
+    pub fn queue_job(&mut self, repo_name: &str, labels: &[&str]) -> Result<(), String> {
+        let label_set = LabelSet::parse(labels)
+            .map_err(|e| format!("queue a job on {repo_name} with labels {labels:?}: {e:?}"))?;
+        if repo_name == FORGEJO_REPO {
+            let id = self.twins.forgejo.add_job(repo_name, "build", labels);
+            self.forgejo_jobs.insert(id, label_set);
+        } else {
+            let name = RepoName::parse(repo_name)
+                .ok_or_else(|| format!("queue a job: {repo_name:?} is not owner/name"))?;
+            let ids = self.twins.github.add_run(&name, vec![labels.to_vec()]);
+            self.github_jobs.insert((name, ids.job_ids[0]), label_set);
+        }
+        self.summary.jobs_total += 1;
+        Ok(())
+    }
+
+    /// Jobs queued so far.
+    pub fn jobs_queued(&self) -> usize {
+        self.summary.jobs_total
+    }
+
+    /// Every queued job served, none of our children in flight, no runner left.
+    pub fn settled(&self) -> bool {
+        self.served.len() == self.summary.jobs_total
+            && self.in_flight_now == 0
+            && self.runners.is_empty()
+    }
+
+    /// What the world showed so far; the purge count is as of the last step.
+    pub fn summary(&self) -> &WorldSummary {
+        &self.summary
+    }
+
+    /// Moves the world once: counts the daemon's dispatches and purges, checks the caps,
+    /// places pending children while the cluster has room, and moves every runner.
+    pub fn step(&mut self) {
+        let now = Instant::now();
+        // Nomad: children appear when dispatched and disappear when purged.
+        let children = self.children();
+        let twins = self.twins;
+        let options = &self.options;
+        let summary = &mut self.summary;
+        let present: BTreeSet<String> = children.iter().map(|c| c.id.clone()).collect();
+        for c in &children {
+            if self.seen_children.insert(c.id.clone())
+                && c.meta.get("managed_by").map(String::as_str) == Some(MANAGED_BY)
+            {
+                summary.dispatches += 1;
+            }
+        }
+        summary.purges = self.seen_children.difference(&present).count();
+
+        // Caps, counting every in-flight child of ours, placed or not.
+        check_caps(&self.config, &children, summary);
+
+        // The cluster places pending children while it has room.
+        let running = self.runners.len();
+        let mut room = options.cluster_slots.saturating_sub(running);
+        for c in &children {
+            if c.status != ChildStatus::Pending || self.runners.contains_key(&c.id) || room == 0 {
+                continue;
+            }
+            let (Some(repo_url), Some(labels), Some(name)) = (
+                c.meta.get("repo_url"),
+                c.meta.get("labels"),
+                c.meta.get("runner_name"),
+            ) else {
+                continue;
+            };
+            let Some(repo_name) = repo_url
+                .rsplitn(3, '/')
+                .collect::<Vec<_>>()
+                .get(..2)
+                .map(|p| format!("{}/{}", p[1], p[0]))
+                .and_then(|r| RepoName::parse(&r))
+            else {
+                continue;
+            };
+            let _ = twins.nomad.place(&c.id);
+            room -= 1;
+            let boot = self.rng.random_range(options.boot_ms.0..=options.boot_ms.1);
+            self.runners.insert(
+                c.id.clone(),
+                Runner {
+                    child: c.id.clone(),
+                    forgejo: repo_name.to_string() == FORGEJO_REPO,
+                    repo: repo_name,
+                    labels: LabelSet::from_meta(labels).unwrap_or_default(),
+                    name: name.clone(),
+                    ready_at: now + Duration::from_millis(boot),
+                    registered: false,
+                    job: None,
+                    idle_since: None,
+                    ran_a_job: false,
+                },
+            );
+        }
+
+        // Runners boot, register, take work the way the forge hands it out, and exit.
+        let mut exited = Vec::new();
+        for runner in self.runners.values_mut() {
+            if now < runner.ready_at {
+                continue;
+            }
+            if !runner.registered {
+                runner.registered = true;
+                runner.idle_since = Some(now);
+                if !runner.forgejo {
+                    let labels: Vec<&str> = runner.labels.iter().collect();
+                    twins
+                        .github
+                        .register_runner(&runner.repo, &runner.name, &labels);
+                }
+            }
+            match runner.job {
+                Some((job, until, started)) if now >= until => {
+                    if runner.forgejo {
+                        if !started {
+                            twins.forgejo.start(job);
+                            runner.job =
+                                Some((job, now + job_duration(&mut self.rng, options), true));
+                            continue;
+                        }
+                        twins.forgejo.finish(job);
+                    } else {
+                        let _ = twins.github.complete_job(&runner.repo, job, "success");
+                        twins.github.remove_runner(&runner.repo, &runner.name);
+                    }
+                    self.served.insert((runner.repo.to_string(), job));
+                    exited.push(runner.child.clone());
+                }
+                Some(_) => {}
+                None => {
+                    let taken = if runner.forgejo {
+                        take_forgejo_job(twins, runner, &self.forgejo_jobs)
+                    } else {
+                        take_github_job(twins, runner, &self.github_jobs)
+                    };
+                    match taken {
+                        Some((job, job_labels)) => {
+                            if job_labels != runner.labels {
+                                summary.cross_bucket_takes += 1;
+                            }
+                            runner.ran_a_job = true;
+                            // Forgejo: the claimed job still reads `waiting` for a step.
+                            let until = if runner.forgejo {
+                                now + options.step
+                            } else {
+                                now + job_duration(&mut self.rng, options)
+                            };
+                            runner.job = Some((job, until, !runner.forgejo));
+                        }
+                        None => {
+                            if runner
+                                .idle_since
+                                .is_some_and(|since| now - since >= options.runner_idle_timeout)
+                            {
+                                if !runner.forgejo {
+                                    twins.github.remove_runner(&runner.repo, &runner.name);
+                                }
+                                summary.runners_left_idle += 1;
+                                exited.push(runner.child.clone());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for child in exited {
+            self.runners.remove(&child);
+            let _ = twins.nomad.finish(&child, true);
+        }
+
+        self.in_flight_now = children
+            .iter()
+            .filter(|c| c.status != ChildStatus::Dead && present.contains(&c.id))
+            .count();
+        summary.jobs_served = self.served.len();
+    }
+
+    /// Ends the world's watch: the purges are counted against Nomad as it is now.
+    pub fn finish(mut self) -> WorldSummary {
+        let present: BTreeSet<String> = self.children().iter().map(|c| c.id.clone()).collect();
+        self.summary.purges = self.seen_children.difference(&present).count();
+        self.summary.jobs_served = self.served.len();
+        self.summary
+    }
+
+    /// The children of every parent the document names, ours or not.
+    fn children(&self) -> Vec<crate::sim::twins::nomad::TwinJob> {
+        let mut children = Vec::new();
+        for parent in &self.parents {
+            children.extend(self.twins.nomad.children(parent));
+        }
+        children
+    }
 }
 
 /// Runs the demo world once and reports what it showed.
 pub async fn run_world(options: WorldOptions) -> Result<WorldSummary, String> {
     let started = Instant::now();
-    let mut rng = StdRng::seed_from_u64(options.seed);
-    let twins = start_twins().await?;
-    let document = provision(&twins);
+    let twins = SimTwins::start().await?;
+    let document = twins.provision();
     let config: Config = parse_document(document.as_bytes(), &ConfigDefaults::default())
         .map_err(|errors| format!("the demo document is invalid: {errors:?}"))?;
 
-    let (mut controller, consul) = build_daemon(&twins)?;
+    let DaemonClients { services, consul } = twins
+        .addresses
+        .clients(&SIM_CREDENTIALS, Duration::from_secs(5))?;
+    let mut controller = Controller::new(
+        services,
+        LoopSettings::default(),
+        Box::new(StdRng::from_os_rng()),
+    );
     controller.settings.poll_interval = options.poll_interval;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let shutdown = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -381,187 +589,22 @@ pub async fn run_world(options: WorldOptions) -> Result<WorldSummary, String> {
     });
 
     // The burst arrives at once.
-    let mut github_jobs: BTreeMap<(RepoName, u64), LabelSet> = BTreeMap::new();
-    let mut forgejo_jobs: BTreeMap<u64, LabelSet> = BTreeMap::new();
+    let mut world = World::new(&twins, config, options.clone());
     for (name, labels) in burst() {
-        let labels_set = LabelSet::parse(&labels).expect("burst labels are valid");
-        if name == "alex/s3-orchestrator" {
-            let id = twins.forgejo.add_job(name, "build", &labels);
-            forgejo_jobs.insert(id, labels_set);
-        } else {
-            let ids = twins.github.add_run(&repo(name), vec![labels]);
-            github_jobs.insert((repo(name), ids.job_ids[0]), labels_set);
-        }
+        world.queue_job(name, &labels)?;
     }
-    let jobs_total = github_jobs.len() + forgejo_jobs.len();
 
-    let mut summary = WorldSummary {
-        seed: options.seed,
-        jobs_total,
-        ..WorldSummary::default()
-    };
-    let mut runners: BTreeMap<String, Runner> = BTreeMap::new();
-    let mut seen_children: BTreeSet<String> = BTreeSet::new();
-    let mut served: BTreeSet<(String, u64)> = BTreeSet::new();
-    let parents = config.parents();
-    let mut in_flight_seen = 0usize;
-
+    let mut timed_out = false;
     loop {
         tokio::time::sleep(options.step).await;
-        let now = Instant::now();
-
-        // Nomad: children appear when dispatched and disappear when purged.
-        let mut children = Vec::new();
-        for parent in &parents {
-            children.extend(twins.nomad.children(parent));
-        }
-        let present: BTreeSet<String> = children.iter().map(|c| c.id.clone()).collect();
-        for c in &children {
-            if seen_children.insert(c.id.clone())
-                && c.meta.get("managed_by").map(String::as_str) == Some(MANAGED_BY)
-            {
-                summary.dispatches += 1;
-            }
-        }
-        summary.purges = seen_children.difference(&present).count();
-
-        // Caps, counting every in-flight child of ours, placed or not.
-        check_caps(&config, &children, &mut summary);
-        in_flight_seen = in_flight_seen.max(
-            children
-                .iter()
-                .filter(|c| c.status != ChildStatus::Dead)
-                .count(),
-        );
-
-        // The cluster places pending children while it has room.
-        let running = runners.len();
-        let mut room = options.cluster_slots.saturating_sub(running);
-        for c in &children {
-            if c.status != ChildStatus::Pending || runners.contains_key(&c.id) || room == 0 {
-                continue;
-            }
-            let (Some(repo_url), Some(labels), Some(name)) = (
-                c.meta.get("repo_url"),
-                c.meta.get("labels"),
-                c.meta.get("runner_name"),
-            ) else {
-                continue;
-            };
-            let Some(repo_name) = repo_url
-                .rsplitn(3, '/')
-                .collect::<Vec<_>>()
-                .get(..2)
-                .map(|p| format!("{}/{}", p[1], p[0]))
-                .and_then(|r| RepoName::parse(&r))
-            else {
-                continue;
-            };
-            let _ = twins.nomad.place(&c.id);
-            room -= 1;
-            let boot = rng.random_range(options.boot_ms.0..=options.boot_ms.1);
-            runners.insert(
-                c.id.clone(),
-                Runner {
-                    child: c.id.clone(),
-                    forgejo: repo_name.to_string() == "alex/s3-orchestrator",
-                    repo: repo_name,
-                    labels: LabelSet::from_meta(labels).unwrap_or_default(),
-                    name: name.clone(),
-                    ready_at: now + Duration::from_millis(boot),
-                    registered: false,
-                    job: None,
-                    idle_since: None,
-                    ran_a_job: false,
-                },
-            );
-        }
-
-        // Runners boot, register, take work the way the forge hands it out, and exit.
-        let mut exited = Vec::new();
-        for runner in runners.values_mut() {
-            if now < runner.ready_at {
-                continue;
-            }
-            if !runner.registered {
-                runner.registered = true;
-                runner.idle_since = Some(now);
-                if !runner.forgejo {
-                    let labels: Vec<&str> = runner.labels.iter().collect();
-                    twins
-                        .github
-                        .register_runner(&runner.repo, &runner.name, &labels);
-                }
-            }
-            match runner.job {
-                Some((job, until, started)) if now >= until => {
-                    if runner.forgejo {
-                        if !started {
-                            twins.forgejo.start(job);
-                            runner.job = Some((job, now + job_duration(&mut rng, &options), true));
-                            continue;
-                        }
-                        twins.forgejo.finish(job);
-                    } else {
-                        let _ = twins.github.complete_job(&runner.repo, job, "success");
-                        twins.github.remove_runner(&runner.repo, &runner.name);
-                    }
-                    served.insert((runner.repo.to_string(), job));
-                    exited.push(runner.child.clone());
-                }
-                Some(_) => {}
-                None => {
-                    let taken = if runner.forgejo {
-                        take_forgejo_job(&twins, runner, &forgejo_jobs)
-                    } else {
-                        take_github_job(&twins, runner, &github_jobs)
-                    };
-                    match taken {
-                        Some((job, job_labels)) => {
-                            if job_labels != runner.labels {
-                                summary.cross_bucket_takes += 1;
-                            }
-                            runner.ran_a_job = true;
-                            // Forgejo: the claimed job still reads `waiting` for a step.
-                            let until = if runner.forgejo {
-                                now + options.step
-                            } else {
-                                now + job_duration(&mut rng, &options)
-                            };
-                            runner.job = Some((job, until, !runner.forgejo));
-                        }
-                        None => {
-                            if runner
-                                .idle_since
-                                .is_some_and(|since| now - since >= options.runner_idle_timeout)
-                            {
-                                if !runner.forgejo {
-                                    twins.github.remove_runner(&runner.repo, &runner.name);
-                                }
-                                summary.runners_left_idle += 1;
-                                exited.push(runner.child.clone());
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        for child in exited {
-            runners.remove(&child);
-            let _ = twins.nomad.finish(&child, true);
-        }
-
-        let in_flight_now = children
-            .iter()
-            .filter(|c| c.status != ChildStatus::Dead && present.contains(&c.id))
-            .count();
-        if served.len() == jobs_total && in_flight_now == 0 && runners.is_empty() {
+        world.step();
+        if world.settled() {
             // One more poll so the last purges and the idle tick line are seen.
             tokio::time::sleep(options.poll_interval * 2).await;
             break;
         }
         if started.elapsed() > options.deadline {
-            summary.timed_out = true;
+            timed_out = true;
             break;
         }
     }
@@ -569,17 +612,11 @@ pub async fn run_world(options: WorldOptions) -> Result<WorldSummary, String> {
     let _ = stop_tx.send(true);
     let _ = daemon.await;
     let _ = watcher.await;
-    let mut final_children = Vec::new();
-    for parent in &parents {
-        final_children.extend(twins.nomad.children(parent));
-    }
-    let present: BTreeSet<String> = final_children.iter().map(|c| c.id.clone()).collect();
-    summary.purges = seen_children.difference(&present).count();
-    summary.jobs_served = served.len();
+    let mut summary = world.finish();
+    summary.timed_out = timed_out;
     summary.ticks =
         (started.elapsed().as_millis() / options.poll_interval.as_millis().max(1)) as usize;
     summary.wall_time_ms = started.elapsed().as_millis();
-    let _ = in_flight_seen;
     Ok(summary)
 }
 
@@ -589,7 +626,7 @@ fn job_duration(rng: &mut StdRng, options: &WorldOptions) -> Duration {
 
 /// GitHub gives an idle runner the oldest queued job whose labels are all among its own.
 fn take_github_job(
-    twins: &Twins,
+    twins: &SimTwins,
     runner: &Runner,
     jobs: &BTreeMap<(RepoName, u64), LabelSet>,
 ) -> Option<(u64, LabelSet)> {
@@ -609,7 +646,7 @@ fn take_github_job(
 
 /// Forgejo: a runner claims a waiting job whose labels it carries.
 fn take_forgejo_job(
-    twins: &Twins,
+    twins: &SimTwins,
     runner: &Runner,
     jobs: &BTreeMap<u64, LabelSet>,
 ) -> Option<(u64, LabelSet)> {

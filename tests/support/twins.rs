@@ -13,21 +13,16 @@ use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use rand::SeedableRng;
-use runner_scaler::clients::forgejo::Forgejo;
-use runner_scaler::clients::github::{AppCredentials, GitHub, GitHubSettings};
-use runner_scaler::clients::http::TlsFiles;
-use runner_scaler::clients::nomad::{NomadClient, NomadSettings};
-use runner_scaler::clients::vault::{VaultKv, VaultSettings};
 use runner_scaler::config::{Config, ConfigDefaults, parse_document};
-use runner_scaler::control_loop::{Controller, Forge, LoopSettings, Services};
+use runner_scaler::control_loop::{Controller, LoopSettings};
 use runner_scaler::model::RepoName;
+use runner_scaler::sim::daemon_clients::{TwinAddresses, TwinCredentials};
 use runner_scaler::sim::twins::TwinServer;
 use runner_scaler::sim::twins::consul::ConsulTwin;
 use runner_scaler::sim::twins::forgejo::ForgejoTwin;
 use runner_scaler::sim::twins::github::{GitHubTwin, TEST_APP_ID, TEST_APP_PRIVATE_KEY_PEM};
 use runner_scaler::sim::twins::nomad::{NomadTwin, PayloadRule, TwinJob};
 use runner_scaler::sim::twins::vault::{VaultPolicy, VaultTwin};
-use secrecy::SecretString;
 use serde_json::json;
 
 pub const CONFIG_KEY: &str = "runners/config";
@@ -36,6 +31,16 @@ pub const VAULT_TOKEN: &str = "twin-vault-token-91c2";
 pub const CONSUL_TOKEN: &str = "twin-consul-token-5d8e";
 pub const POLL_TOKEN: &str = "twin-github-poll-token-2b6f";
 pub const FORGEJO_TOKEN: &str = "twin-forgejo-api-token-c4e1";
+
+/// What the daemon under test presents; [`Twins::start`] makes the twins accept it.
+pub const CREDENTIALS: TwinCredentials = TwinCredentials {
+    nomad_token: NOMAD_TOKEN,
+    consul_token: CONSUL_TOKEN,
+    vault_token: VAULT_TOKEN,
+    github_app_id: TEST_APP_ID,
+    github_app_private_key_pem: TEST_APP_PRIVATE_KEY_PEM,
+    config_key: CONFIG_KEY,
+};
 
 pub use runner_scaler::sim::world::{
     BRIEF_DOCUMENT_TEMPLATE, PARENT_META_OPTIONAL, TOKEN_PARENT_META_REQUIRED,
@@ -260,72 +265,30 @@ impl Twins {
             .count()
     }
 
+    /// Where the twins listen.
+    pub fn addresses(&self) -> TwinAddresses {
+        TwinAddresses {
+            github: self.github_server.base_url(),
+            forgejo: self.forgejo_server.base_url(),
+            nomad: self.nomad_server.base_url(),
+            consul: self.consul_server.base_url(),
+            vault: self.vault_server.base_url(),
+        }
+    }
+
     /// The environment `runner-scaler run|once|status` needs to reach every twin.
     pub fn daemon_env(&self, app_key_file: &Path) -> Vec<(&'static str, String)> {
-        vec![
-            ("NOMAD_ADDR", self.nomad_server.base_url()),
-            ("NOMAD_TOKEN", NOMAD_TOKEN.into()),
-            ("CONSUL_HTTP_ADDR", self.consul_server.base_url()),
-            ("CONSUL_HTTP_TOKEN", CONSUL_TOKEN.into()),
-            ("VAULT_ADDR", self.vault_server.base_url()),
-            ("VAULT_TOKEN", VAULT_TOKEN.into()),
-            ("GITHUB_API_URL", self.github_server.base_url()),
-            ("GITHUB_APP_ID", TEST_APP_ID.into()),
-            (
-                "GITHUB_APP_PRIVATE_KEY_FILE",
-                app_key_file.display().to_string(),
-            ),
-        ]
+        self.addresses().daemon_env(&CREDENTIALS, app_key_file)
     }
 
     /// A controller with the real clients pointed at the twins, as `wiring::build` makes it.
     pub fn controller(&self) -> Controller {
-        let url = |server: &TwinServer| url::Url::parse(&server.base_url()).expect("a URL");
-        let timeout = Duration::from_secs(5);
-        let vault = Arc::new(
-            VaultKv::new(VaultSettings {
-                addr: url(&self.vault_server),
-                token: SecretString::from(VAULT_TOKEN),
-                namespace: None,
-                ca_cert: None,
-                mount: "secret".into(),
-            })
-            .expect("the Vault client"),
-        );
-        let github = Arc::new(
-            GitHub::new(
-                GitHubSettings {
-                    api_url: url(&self.github_server),
-                    app: Some(AppCredentials {
-                        app_id: TEST_APP_ID.into(),
-                        private_key: SecretString::from(TEST_APP_PRIVATE_KEY_PEM),
-                        installation_id: None,
-                    }),
-                    request_timeout: timeout,
-                },
-                vault.clone(),
-            )
-            .expect("the GitHub client"),
-        );
-        let forgejo = Arc::new(
-            Forgejo::new(vault, &TlsFiles::default(), timeout).expect("the Forgejo client"),
-        );
-        let mut nomad_settings = NomadSettings::new(url(&self.nomad_server));
-        nomad_settings.token = Some(SecretString::from(NOMAD_TOKEN));
-        let nomad = Arc::new(NomadClient::new(nomad_settings, timeout).expect("the Nomad client"));
+        let clients = self
+            .addresses()
+            .clients(&CREDENTIALS, Duration::from_secs(5))
+            .expect("the daemon's clients");
         Controller::new(
-            Services {
-                github: Some(Forge {
-                    queue: github.clone(),
-                    registrar: github,
-                }),
-                forgejo: Some(Forge {
-                    queue: forgejo.clone(),
-                    registrar: forgejo,
-                }),
-                children: nomad.clone(),
-                control: nomad,
-            },
+            clients.services,
             LoopSettings::default(),
             Box::new(rand::rngs::StdRng::seed_from_u64(7)),
         )

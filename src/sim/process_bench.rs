@@ -1,0 +1,545 @@
+//! `simulate --bench-process`: the daemon's own CPU time and peak RSS.
+//!
+//! The demo world measures behaviour with the daemon in-process, where its cost cannot be
+//! told apart from the twins' and the world's. Here the daemon is `runner-scaler run` in its
+//! own process, configured through its environment exactly as a deployment configures it,
+//! against the twins on loopback, while the world keeps queuing jobs at a steady pace and its
+//! runners take and finish them. After a fixed real-time window the daemon gets SIGTERM, and
+//! `wait4` reports what the kernel accounted to it.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::config::{ConfigDefaults, parse_document};
+use crate::sim::world::{SIM_CREDENTIALS, SimTwins, World, WorldOptions, burst};
+
+/// How long the daemon may take to finish its tick and exit after SIGTERM before it is
+/// killed (and the run reported as failed).
+const STOP_GRACE: Duration = Duration::from_secs(30);
+/// Lines of the daemon's log kept to show when the run fails.
+const LOG_TAIL_LINES: usize = 20;
+/// `ru_maxrss` is in KiB on Linux and the BSDs, in bytes on macOS.
+#[cfg(target_os = "macos")]
+const MAXRSS_UNIT_BYTES: f64 = 1.0;
+#[cfg(not(target_os = "macos"))]
+const MAXRSS_UNIT_BYTES: f64 = 1024.0;
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct ProcessBenchOptions {
+    /// Real time the daemon runs for.
+    pub window: Duration,
+    /// Seeds the world's job mix, arrival times and runner timings.
+    pub seed: u64,
+}
+
+/// What one run measured. `cpu_s` and `peak_rss_mib` are the daemon's alone, as the kernel
+/// accounted them to its process.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProcessBenchReport {
+    pub version: &'static str,
+    pub window_s: f64,
+    pub poll_interval_s: f64,
+    /// User plus system CPU time.
+    pub cpu_s: f64,
+    pub user_cpu_s: f64,
+    pub system_cpu_s: f64,
+    pub peak_rss_mib: f64,
+    /// Ticks that ran on a valid document (the daemon's `poll complete` lines).
+    pub ticks: usize,
+    pub dispatches: usize,
+    pub purges: usize,
+    pub jobs_queued: usize,
+    pub jobs_served: usize,
+    /// WARN and ERROR lines the daemon logged.
+    pub daemon_warnings: usize,
+    /// The daemon's exit code, when it exited rather than being killed by a signal.
+    pub daemon_exit_code: Option<i32>,
+    pub daemon_signal: Option<i32>,
+    /// The daemon exited on its own before the window ended.
+    pub daemon_stopped_early: bool,
+    /// The daemon's last log lines, shown when the run failed.
+    #[serde(skip)]
+    pub daemon_log_tail: Vec<String>,
+}
+
+impl ProcessBenchReport {
+    /// The daemon ran the whole window, exited cleanly on SIGTERM, and dispatched.
+    pub fn ok(&self) -> bool {
+        self.problems().is_empty()
+    }
+
+    /// Why the run does not count, if it does not.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if self.daemon_stopped_early {
+            problems.push("the daemon exited before the window ended".to_string());
+        }
+        match (self.daemon_exit_code, self.daemon_signal) {
+            (Some(0), _) => {}
+            (Some(code), _) => problems.push(format!("the daemon exited with code {code}")),
+            (None, Some(signal)) => {
+                problems.push(format!("the daemon was ended by signal {signal}"))
+            }
+            (None, None) => problems.push("the daemon's exit status is unknown".to_string()),
+        }
+        if self.dispatches == 0 {
+            problems.push("the daemon dispatched nothing".to_string());
+        }
+        problems
+    }
+
+    pub fn render_text(&self) -> String {
+        let mut out = String::new();
+        out.push_str(&format!(
+            "\nprocess bench (runner-scaler {}): `runner-scaler run` as its own process\n",
+            self.version
+        ));
+        out.push_str(&format!("  window               {:.1} s\n", self.window_s));
+        out.push_str(&format!(
+            "  poll interval        {:.1} s\n",
+            self.poll_interval_s
+        ));
+        out.push_str(&format!("  ticks                {}\n", self.ticks));
+        out.push_str(&format!("  jobs queued          {}\n", self.jobs_queued));
+        out.push_str(&format!("  jobs served          {}\n", self.jobs_served));
+        out.push_str(&format!("  dispatches           {}\n", self.dispatches));
+        out.push_str(&format!("  purges               {}\n", self.purges));
+        out.push_str(&format!(
+            "  daemon warnings      {} (WARN/ERROR lines)\n",
+            self.daemon_warnings
+        ));
+        out.push_str(&format!(
+            "  cpu                  {:.3} s (user {:.3} s, system {:.3} s)\n",
+            self.cpu_s, self.user_cpu_s, self.system_cpu_s
+        ));
+        out.push_str(&format!(
+            "  peak RSS             {:.1} MiB\n",
+            self.peak_rss_mib
+        ));
+        let problems = self.problems();
+        if !problems.is_empty() {
+            for problem in problems {
+                out.push_str(&format!("  FAILED               {problem}\n"));
+            }
+            out.push_str("  the daemon's last log lines:\n");
+            for line in &self.daemon_log_tail {
+                out.push_str(&format!("    {line}\n"));
+            }
+        }
+        out
+    }
+}
+
+/// About twenty ticks in the window, between half a second (so a few-second window still
+/// sees dispatches and purges) and five seconds, in whole tenths.
+pub fn poll_interval_for(window: Duration) -> Duration {
+    let millis = (window / 20).as_millis().clamp(500, 5_000) as u64;
+    Duration::from_millis(millis / 100 * 100)
+}
+
+/// The demo world's movement, its timings scaled to the poll interval: runners boot within
+/// a third of a tick and run jobs of half a tick to two ticks.
+fn world_options(seed: u64, poll_interval: Duration, window: Duration) -> WorldOptions {
+    let poll = poll_interval.as_millis() as u64;
+    WorldOptions {
+        seed,
+        poll_interval,
+        step: Duration::from_millis(50),
+        cluster_slots: 6,
+        boot_ms: (poll / 10, poll / 3),
+        job_ms: (poll / 2, poll * 2),
+        runner_idle_timeout: poll_interval * 4,
+        deadline: window,
+    }
+}
+
+/// A job about every three quarters of a tick: below what the document's caps let the
+/// daemon serve, so the queue stays steady rather than growing without end.
+fn time_to_next_job(rng: &mut StdRng, poll_interval: Duration) -> Duration {
+    poll_interval.mul_f64(0.75 * rng.random_range(0.5..1.5))
+}
+
+/// Runs the bench: `daemon_exe run` as a child process against the demo world's twins for
+/// `options.window`. An error is a failure to set the run up; a daemon that failed is a
+/// report whose [`ProcessBenchReport::ok`] is false.
+pub async fn run_process_bench(
+    daemon_exe: &Path,
+    options: &ProcessBenchOptions,
+) -> Result<ProcessBenchReport, String> {
+    if options.window.is_zero() {
+        return Err("the window must be longer than zero".into());
+    }
+    let poll_interval = poll_interval_for(options.window);
+    let world_options = world_options(options.seed, poll_interval, options.window);
+    let twins = SimTwins::start().await?;
+    let document = twins.provision();
+    let config = parse_document(document.as_bytes(), &ConfigDefaults::default())
+        .map_err(|errors| format!("the demo document is invalid: {errors:?}"))?;
+    let key_file = AppKeyFile::write(SIM_CREDENTIALS.github_app_private_key_pem)?;
+
+    let mut rng = StdRng::seed_from_u64(options.seed);
+    let mix = burst();
+    let mut world = World::new(&twins, config, world_options.clone());
+    // The first job is there before the daemon starts, so its first tick has work.
+    world.queue_job(mix[0].0, &mix[0].1)?;
+
+    let mut command = Command::new(daemon_exe);
+    command
+        .arg("run")
+        // Nothing of this shell's environment (a VAULT_NAMESPACE, an HTTPS_PROXY) reaches the
+        // daemon: only what a deployment would set.
+        .env_clear()
+        .envs(twins.addresses.daemon_env(&SIM_CREDENTIALS, &key_file.0))
+        .env(
+            "RUNNER_SCALER_POLL_INTERVAL",
+            humantime::format_duration(poll_interval).to_string(),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let started = Instant::now();
+    let mut child = command
+        .spawn()
+        .map_err(|e| format!("start `{} run`: {e}", daemon_exe.display()))?;
+    let stderr = child.stderr.take().expect("the daemon's stderr is piped");
+    let (daemon, mut exited) = RunningDaemon::watch(child.id());
+    // `wait4` reaps the child; std's handle must not wait for it too.
+    drop(child);
+    let log = std::thread::spawn(move || read_daemon_log(stderr));
+
+    let window_end = started + options.window;
+    let mut next_job = started + time_to_next_job(&mut rng, poll_interval);
+    let mut setup_error = None;
+    let mut early = None;
+    while setup_error.is_none() {
+        tokio::select! {
+            reaped = &mut exited => {
+                early = Some(reaped);
+                break;
+            }
+            _ = tokio::time::sleep(world_options.step) => {}
+        }
+        let now = Instant::now();
+        if now >= window_end {
+            break;
+        }
+        while now >= next_job {
+            let (repo, labels) = &mix[rng.random_range(0..mix.len())];
+            if let Err(e) = world.queue_job(repo, labels) {
+                setup_error = Some(e);
+                break;
+            }
+            next_job += time_to_next_job(&mut rng, poll_interval);
+        }
+        world.step();
+    }
+
+    let stopped_early = early.is_some();
+    let reaped = match early {
+        Some(reaped) => reaped,
+        None => {
+            daemon.signal(libc::SIGTERM);
+            let stop_asked = Instant::now();
+            let mut killed = false;
+            // The world keeps moving while the daemon finishes its tick.
+            loop {
+                tokio::select! {
+                    reaped = &mut exited => break reaped,
+                    _ = tokio::time::sleep(world_options.step) => {}
+                }
+                world.step();
+                if !killed && stop_asked.elapsed() > STOP_GRACE {
+                    daemon.signal(libc::SIGKILL);
+                    killed = true;
+                }
+            }
+        }
+    };
+    world.step();
+    let summary = world.finish();
+    let log = log
+        .join()
+        .unwrap_or_else(|_| DaemonLog::unreadable("the log reader panicked"));
+    if let Some(e) = setup_error {
+        return Err(e);
+    }
+    let reaped = reaped
+        .map_err(|_| "the daemon's reaper thread ended without a status".to_string())?
+        .map_err(|e| format!("wait for the daemon (pid {}): {e}", daemon.pid))?;
+
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    let user_cpu_s = seconds(reaped.usage.ru_utime);
+    let system_cpu_s = seconds(reaped.usage.ru_stime);
+    let status = reaped.status;
+    Ok(ProcessBenchReport {
+        version: env!("CARGO_PKG_VERSION"),
+        window_s: options.window.as_secs_f64(),
+        poll_interval_s: poll_interval.as_secs_f64(),
+        cpu_s: user_cpu_s + system_cpu_s,
+        user_cpu_s,
+        system_cpu_s,
+        peak_rss_mib: reaped.usage.ru_maxrss as f64 * MAXRSS_UNIT_BYTES / (1024.0 * 1024.0),
+        ticks: log.ticks,
+        dispatches: summary.dispatches,
+        purges: summary.purges,
+        jobs_queued: summary.jobs_total,
+        jobs_served: summary.jobs_served,
+        daemon_warnings: log.warnings,
+        daemon_exit_code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
+        daemon_signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
+        daemon_stopped_early: stopped_early,
+        daemon_log_tail: log.tail.into(),
+    })
+}
+
+/// What `wait4` returned for the daemon.
+struct Reaped {
+    status: libc::c_int,
+    usage: libc::rusage,
+}
+
+/// The daemon's process, reaped by a thread of its own. Dropped before it is reaped (an
+/// error or a panic on the way), it kills the daemon rather than leave it running.
+struct RunningDaemon {
+    pid: libc::pid_t,
+    reaped: Arc<AtomicBool>,
+}
+
+impl RunningDaemon {
+    /// Starts the reaper; the receiver gets what `wait4` returned once the daemon exits.
+    fn watch(
+        pid: u32,
+    ) -> (
+        RunningDaemon,
+        tokio::sync::oneshot::Receiver<std::io::Result<Reaped>>,
+    ) {
+        let pid = pid as libc::pid_t;
+        let reaped = Arc::new(AtomicBool::new(false));
+        let (tx, exited) = tokio::sync::oneshot::channel();
+        std::thread::spawn({
+            let reaped = reaped.clone();
+            move || {
+                let result = wait_for_exit(pid);
+                reaped.store(true, Ordering::SeqCst);
+                let _ = tx.send(result);
+            }
+        });
+        (RunningDaemon { pid, reaped }, exited)
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        if !self.reaped.load(Ordering::SeqCst) {
+            // SAFETY: kill has no memory effects; the pid is our unreaped child, so it
+            // cannot name another process.
+            unsafe {
+                libc::kill(self.pid, signal);
+            }
+        }
+    }
+}
+
+impl Drop for RunningDaemon {
+    fn drop(&mut self) {
+        self.signal(libc::SIGKILL);
+    }
+}
+
+/// Blocks until the child `pid` exits, and returns its status and resource usage.
+fn wait_for_exit(pid: libc::pid_t) -> std::io::Result<Reaped> {
+    let mut status: libc::c_int = 0;
+    // SAFETY: rusage is plain integers, for which all zeroes is a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: both pointers are to live locals of the right types.
+        let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        if waited == pid {
+            return Ok(Reaped { status, usage });
+        }
+        let error = std::io::Error::last_os_error();
+        if error.kind() != std::io::ErrorKind::Interrupted {
+            return Err(error);
+        }
+    }
+}
+
+/// What the daemon's log showed.
+struct DaemonLog {
+    ticks: usize,
+    warnings: usize,
+    tail: VecDeque<String>,
+}
+
+impl DaemonLog {
+    fn unreadable(why: &str) -> DaemonLog {
+        DaemonLog {
+            ticks: 0,
+            warnings: 0,
+            tail: VecDeque::from([format!("(log unreadable: {why})")]),
+        }
+    }
+}
+
+/// Reads the daemon's stderr to its end, counting ticks and warnings.
+fn read_daemon_log(stderr: impl Read) -> DaemonLog {
+    let mut log = DaemonLog {
+        ticks: 0,
+        warnings: 0,
+        tail: VecDeque::new(),
+    };
+    let mut reader = BufReader::new(stderr);
+    let mut bytes = Vec::new();
+    loop {
+        bytes.clear();
+        match reader.read_until(b'\n', &mut bytes) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) => {
+                log.tail.push_back(format!("(log unreadable: {e})"));
+                break;
+            }
+        }
+        let line = String::from_utf8_lossy(&bytes).trim_end().to_string();
+        if line.contains("poll complete") {
+            log.ticks += 1;
+        }
+        if line.contains(" WARN ") || line.contains(" ERROR ") {
+            log.warnings += 1;
+        }
+        if log.tail.len() == LOG_TAIL_LINES {
+            log.tail.pop_front();
+        }
+        log.tail.push_back(line);
+    }
+    log
+}
+
+/// The GitHub App's key, in a file only this user can read, removed on drop: the daemon
+/// takes the key from `GITHUB_APP_PRIVATE_KEY_FILE`, as a deployment gives it.
+struct AppKeyFile(PathBuf);
+
+impl AppKeyFile {
+    fn write(pem: &str) -> Result<AppKeyFile, String> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let path = std::env::temp_dir().join(format!(
+            "runner-scaler-bench-{}-{nanos}-app-key.pem",
+            std::process::id()
+        ));
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| format!("create the App key file {}: {e}", path.display()))?;
+        let key_file = AppKeyFile(path);
+        file.write_all(pem.as_bytes())
+            .map_err(|e| format!("write the App key file {}: {e}", key_file.0.display()))?;
+        Ok(key_file)
+    }
+}
+
+impl Drop for AppKeyFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_poll_interval_gives_about_twenty_ticks_within_half_a_second_and_five() {
+        assert_eq!(
+            poll_interval_for(Duration::from_secs(60)),
+            Duration::from_secs(3)
+        );
+        assert_eq!(
+            poll_interval_for(Duration::from_secs(4)),
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            poll_interval_for(Duration::from_secs(3600)),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            poll_interval_for(Duration::from_secs(45)),
+            Duration::from_millis(2200)
+        );
+    }
+
+    #[test]
+    fn the_log_counts_ticks_and_warnings_and_keeps_its_tail() {
+        let mut text = String::new();
+        for i in 0..30 {
+            text.push_str(&format!(
+                "2025-01-01T00:00:{i:02}Z  INFO runner_scaler::report: poll complete queued=1 active=0 started=1\n"
+            ));
+        }
+        text.push_str("2025-01-01T00:00:31Z  WARN runner_scaler::act: dispatch ci-runner: 500\n");
+        text.push_str("not utf-8 \u{fffd}\n");
+        let log = read_daemon_log(text.as_bytes());
+        assert_eq!(log.ticks, 30);
+        assert_eq!(log.warnings, 1);
+        assert_eq!(log.tail.len(), LOG_TAIL_LINES);
+        assert!(log.tail.back().unwrap().starts_with("not utf-8"));
+    }
+
+    fn report() -> ProcessBenchReport {
+        ProcessBenchReport {
+            version: "0",
+            window_s: 4.0,
+            poll_interval_s: 0.5,
+            cpu_s: 0.1,
+            user_cpu_s: 0.08,
+            system_cpu_s: 0.02,
+            peak_rss_mib: 20.0,
+            ticks: 7,
+            dispatches: 3,
+            purges: 2,
+            jobs_queued: 6,
+            jobs_served: 3,
+            daemon_warnings: 0,
+            daemon_exit_code: Some(0),
+            daemon_signal: None,
+            daemon_stopped_early: false,
+            daemon_log_tail: vec!["last line".into()],
+        }
+    }
+
+    #[test]
+    fn a_run_counts_only_if_the_daemon_lasted_exited_cleanly_and_dispatched() {
+        assert!(report().ok(), "{}", report().render_text());
+        let idle = ProcessBenchReport {
+            dispatches: 0,
+            ..report()
+        };
+        assert!(!idle.ok());
+        assert!(idle.render_text().contains("dispatched nothing"));
+        assert!(idle.render_text().contains("last line"));
+        let early = ProcessBenchReport {
+            daemon_stopped_early: true,
+            daemon_exit_code: Some(64),
+            ..report()
+        };
+        assert_eq!(early.problems().len(), 2, "{:?}", early.problems());
+        let killed = ProcessBenchReport {
+            daemon_exit_code: None,
+            daemon_signal: Some(9),
+            ..report()
+        };
+        assert!(killed.render_text().contains("signal 9"));
+    }
+}
