@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rand::Rng;
+use rand::{Rng, RngCore};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -163,7 +163,7 @@ pub async fn watch<S, F>(
             _ = &mut stop => break,
             result = source.fetch(request_index, watcher.settings.wait) => result,
         };
-        let pause = watcher.absorb(result);
+        let pause = watcher.absorb(result, &mut rand::rng());
         tx.send_if_modified(|published| {
             let changed = *published != watcher.state;
             if changed {
@@ -187,6 +187,49 @@ enum Pause {
     Backoff(Duration),
     Poll(Duration),
     RateLimit,
+}
+
+/// The watcher's rules without its task and timers, for a driver that keeps its own time (the
+/// simulated world): which index to ask for, what an answer does to the state, and how long to
+/// wait before the next read.
+pub struct Follower(Watcher);
+
+impl Follower {
+    pub fn new(defaults: ConfigDefaults, settings: WatchSettings) -> Follower {
+        Follower(Watcher {
+            defaults,
+            settings,
+            state: ConfigState::default(),
+            index: None,
+            newest_bytes: None,
+            failures: 0,
+        })
+    }
+
+    /// The index the next read blocks on (`0`: do not block).
+    pub fn request_index(&self) -> u64 {
+        self.0.request_index()
+    }
+
+    /// Takes in one read's result; returns the least time until the next read starts.
+    pub fn absorb(
+        &mut self,
+        result: Result<Fetched, PortError>,
+        jitter: &mut dyn RngCore,
+    ) -> Duration {
+        match self.0.absorb(result, jitter) {
+            Pause::Backoff(delay) | Pause::Poll(delay) => delay,
+            Pause::RateLimit => self.0.settings.fetch_interval_min,
+        }
+    }
+
+    pub fn state(&self) -> &ConfigState {
+        &self.0.state
+    }
+
+    pub fn settings(&self) -> &WatchSettings {
+        &self.0.settings
+    }
 }
 
 struct Watcher {
@@ -215,10 +258,10 @@ impl Watcher {
         }
     }
 
-    fn absorb(&mut self, result: Result<Fetched, PortError>) -> Pause {
+    fn absorb(&mut self, result: Result<Fetched, PortError>, jitter: &mut dyn RngCore) -> Pause {
         let fetched = match result {
             Ok(fetched) => fetched,
-            Err(e) => return self.failed(e),
+            Err(e) => return self.failed(e, jitter),
         };
         if self.state.source_error.take().is_some() {
             info!("config source readable again");
@@ -290,9 +333,9 @@ impl Watcher {
         }
     }
 
-    fn failed(&mut self, error: PortError) -> Pause {
+    fn failed(&mut self, error: PortError, jitter: &mut dyn RngCore) -> Pause {
         self.failures = self.failures.saturating_add(1);
-        let delay = self.backoff();
+        let delay = self.backoff(jitter);
         if self.state.source_error.as_deref() != Some(error.message.as_str()) {
             warn!(
                 class = error.class.as_str(),
@@ -313,7 +356,7 @@ impl Watcher {
 
     /// Exponential in the number of consecutive failures, capped, with "equal jitter" (half
     /// fixed, half random) so that several daemons do not retry in step.
-    fn backoff(&self) -> Duration {
+    fn backoff(&self, jitter: &mut dyn RngCore) -> Duration {
         let exponent = self.failures.saturating_sub(1).min(20);
         let full = self
             .settings
@@ -321,7 +364,7 @@ impl Watcher {
             .saturating_mul(1u32 << exponent)
             .min(self.settings.backoff_max);
         let half = full / 2;
-        let jitter_ms = rand::rng().random_range(0..=half.as_millis() as u64);
+        let jitter_ms = jitter.random_range(0..=half.as_millis() as u64);
         half + Duration::from_millis(jitter_ms)
     }
 }

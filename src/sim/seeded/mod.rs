@@ -18,6 +18,7 @@
 
 pub mod baselines;
 pub mod bench;
+pub mod consul;
 pub mod invariants;
 pub mod options;
 pub mod ports;
@@ -192,6 +193,7 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
     // Child generators, so the world and the controller draw from separate streams.
     let controller_rng = StdRng::seed_from_u64(rng.next_u64());
     let world_rng = StdRng::seed_from_u64(rng.next_u64());
+    let mut consul = consul::ConsulWatch::new(StdRng::seed_from_u64(rng.next_u64()));
     let repo_urls = config
         .repos
         .values()
@@ -245,7 +247,7 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
         })
         .finish();
     let mut driven = tracing::subscriber::with_default(subscriber, || {
-        drive(&mut actor, &shared, &loop_settings, &logs)
+        drive(&mut actor, &mut consul, &shared, &loop_settings, &logs)
     });
     outcome.measured.first_violation = driven.violation.clone();
     if settings.strategy != Strategy::Ours {
@@ -294,6 +296,7 @@ struct Driven {
 
 fn drive(
     actor: &mut Actor,
+    consul: &mut consul::ConsulWatch,
     shared: &Shared,
     loop_settings: &LoopSettings,
     logs: &LogWatch,
@@ -303,14 +306,10 @@ fn drive(
         .start_paused(true)
         .build()
         .expect("build a current-thread runtime");
-    let (config, poll_s, converge_from_s) = {
+    let (poll_s, converge_from_s) = {
         let sim = lock(shared);
         let o = &sim.options;
-        (
-            sim.config.clone(),
-            o.poll_interval_s,
-            o.faults_end_s.max(o.arrivals_end_s),
-        )
+        (o.poll_interval_s, o.faults_end_s.max(o.arrivals_end_s))
     };
     let mut checker = invariants::Checker::new(poll_s, STEP_S);
     let mut driven = Driven {
@@ -321,60 +320,53 @@ fn drive(
     let mut converged_since: Option<u64> = None;
     let mut t = 0;
     loop {
-        lock(shared).advance(t);
+        let config = {
+            let mut sim = lock(shared);
+            sim.advance(t);
+            consul.step(&mut sim);
+            let config = consul.config();
+            // A bad edit or an outage must leave the loop on the last good document; before
+            // the first read succeeds it has none and does nothing.
+            if config.as_deref().is_some_and(|c| *c != sim.config) {
+                driven.violation = Some(Violation {
+                    invariant: "config",
+                    step: t,
+                    message: "the loop runs on a document other than the last good one".into(),
+                });
+                return driven;
+            }
+            config
+        };
+        let config_version = consul.applied_index();
         let poll = t % poll_s == 0;
         if poll {
             driven.ticks += 1;
         }
-        match actor {
-            Actor::Ours(_) => {}
-            Actor::Seed(seed) => {
+        match (&mut *actor, config) {
+            (_, None) => {
                 if poll {
-                    let now_s = t;
-                    runtime.block_on(seed.tick(&config));
-                    lock(shared).trace.record(now_s, "seed poller tick");
+                    lock(shared)
+                        .trace
+                        .record(t, "no document read yet: nothing done");
                 }
             }
-            Actor::Ephemerd(ephemerd) => runtime.block_on(ephemerd.step(&config, t, poll)),
-        }
-        if let (true, Actor::Ours(controller)) = (poll, &mut *actor) {
-            let now = chrono::DateTime::from_timestamp(EPOCH_UNIX + t as i64, 0)
-                .expect("simulated time is in range");
-            let view = runtime.block_on(controller.tick(&config, 1, now, false));
-            let json = serde_json::to_string(&view).expect("a tick view serialises");
-            let mut sim = lock(shared);
-            if json.contains(CANARY) {
-                driven.violation = Some(Violation {
-                    invariant: "I5",
-                    step: t,
-                    message: "a registration token appears in the tick's --json view".into(),
-                });
-                return driven;
+            (Actor::Ours(controller), Some(config)) if poll => {
+                if let Some(violation) =
+                    tick_ours(controller, &runtime, &config, config_version, t, shared)
+                {
+                    driven.violation = Some(violation);
+                    return driven;
+                }
             }
-            sim.trace.record(
-                t,
-                format!(
-                    "tick queued={} active={} started={} gaps={} view={:016x}",
-                    view.queued,
-                    view.active,
-                    view.started,
-                    view.gaps.len(),
-                    trace::fnv1a(0, json.as_bytes())
-                ),
-            );
-            // Why a bucket that misses runners got fewer: the answer a replay is read for.
-            for b in view.buckets.iter().filter(|b| b.to_dispatch < b.missing) {
-                sim.trace.record(
-                    t,
-                    format!(
-                        "  held {} [{}]: missing {}, dispatching {}: {}",
-                        b.repo,
-                        b.labels,
-                        b.missing,
-                        b.to_dispatch,
-                        b.reason.as_deref().unwrap_or("-")
-                    ),
-                );
+            (Actor::Ours(_), Some(_)) => {}
+            (Actor::Seed(seed), Some(config)) => {
+                if poll {
+                    runtime.block_on(seed.tick(&config));
+                    lock(shared).trace.record(t, "seed poller tick");
+                }
+            }
+            (Actor::Ephemerd(ephemerd), Some(config)) => {
+                runtime.block_on(ephemerd.step(&config, t, poll))
             }
         }
         if let Some(line) = logs.leak() {
@@ -425,6 +417,56 @@ fn drive(
         drop(sim);
         t += STEP_S;
     }
+}
+
+/// One tick of the real controller at `t`, traced; a token in its `--json` view is an I5
+/// violation.
+fn tick_ours(
+    controller: &mut Controller,
+    runtime: &tokio::runtime::Runtime,
+    config: &crate::config::Config,
+    config_version: u64,
+    t: u64,
+    shared: &Shared,
+) -> Option<Violation> {
+    let now = chrono::DateTime::from_timestamp(EPOCH_UNIX + t as i64, 0)
+        .expect("simulated time is in range");
+    let view = runtime.block_on(controller.tick(config, config_version, now, false));
+    let json = serde_json::to_string(&view).expect("a tick view serialises");
+    let mut sim = lock(shared);
+    if json.contains(CANARY) {
+        return Some(Violation {
+            invariant: "I5",
+            step: t,
+            message: "a registration token appears in the tick's --json view".into(),
+        });
+    }
+    sim.trace.record(
+        t,
+        format!(
+            "tick queued={} active={} started={} gaps={} view={:016x}",
+            view.queued,
+            view.active,
+            view.started,
+            view.gaps.len(),
+            trace::fnv1a(0, json.as_bytes())
+        ),
+    );
+    // Why a bucket that misses runners got fewer: the answer a replay is read for.
+    for b in view.buckets.iter().filter(|b| b.to_dispatch < b.missing) {
+        sim.trace.record(
+            t,
+            format!(
+                "  held {} [{}]: missing {}, dispatching {}: {}",
+                b.repo,
+                b.labels,
+                b.missing,
+                b.to_dispatch,
+                b.reason.as_deref().unwrap_or("-")
+            ),
+        );
+    }
+    None
 }
 
 /// The log sink of one seed: counts lines and remembers the first that carries a token
@@ -692,7 +734,7 @@ pub fn render_replay(outcome: &SeedOutcome) -> String {
         outcome.log_lines
     ));
     let failed = outcome.violation.as_ref().map(|v| v.invariant);
-    for invariant in ["I1", "I2", "I3", "I5", "I6", "I7"] {
+    for invariant in ["I1", "I2", "I3", "I5", "I6", "I7", "config"] {
         let verdict = match failed {
             Some(f) if f == invariant => "VIOLATED",
             // Checks stop at the first violation; I6 is judged only at the end.

@@ -22,14 +22,17 @@ pub enum Service {
     /// Holds the polling token of `vault` repos and the API token of `forgejo` repos: while it
     /// is out, every forge call of those repos fails.
     Vault,
+    /// Holds the document; while it is out the daemon runs on the last good one.
+    Consul,
 }
 
 impl Service {
-    pub const ALL: [Service; 4] = [
+    pub const ALL: [Service; 5] = [
         Service::GitHub,
         Service::Forgejo,
         Service::Nomad,
         Service::Vault,
+        Service::Consul,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -38,6 +41,7 @@ impl Service {
             Service::Forgejo => "forgejo",
             Service::Nomad => "nomad",
             Service::Vault => "vault",
+            Service::Consul => "consul",
         }
     }
 }
@@ -130,6 +134,9 @@ pub struct Options {
     pub rate_limit_reset_s: (u64, u64),
     /// No fault (and no boot crash, no foreign load) after this.
     pub faults_end_s: u64,
+    /// A window during which the document in Consul is an invalid edit (a typo someone then
+    /// fixes): the daemon must keep running on the last good one.
+    pub bad_document: Option<(u64, u64)>,
 }
 
 /// The Forgejo instance of the generated document.
@@ -169,7 +176,13 @@ impl Options {
             outages: Vec::new(),
             rate_limit_reset_s: (30, 300),
             faults_end_s: arrivals_end_s + rng.random_range(0..=10) * 60,
+            bad_document: None,
         };
+        if rng.random_bool(0.3) {
+            let start = rng.random_range(60..=options.faults_end_s.max(61));
+            let end = (start + rng.random_range(60..=1200)).min(options.faults_end_s.max(start));
+            options.bad_document = Some((start, end));
+        }
         if rng.random_bool(0.3) {
             let service = *Service::ALL.choose(rng).expect("non-empty");
             let outage = outage(rng, service, options.faults_end_s, (30, 300));
@@ -198,7 +211,10 @@ pub fn outage(
 ) -> Outage {
     let length = rng.random_range(length_s.0..=length_s.1);
     let latest_start = faults_end_s.saturating_sub(length).max(1);
-    let start_s = rng.random_range(0..=latest_start);
+    // The daemon reads the document once before Consul may go away: a daemon that starts
+    // during an outage has nothing to run on, which is not what the outage tests.
+    let earliest_start = u64::from(service == Service::Consul);
+    let start_s = rng.random_range(earliest_start..=latest_start.max(earliest_start));
     Outage {
         service,
         start_s,
@@ -269,6 +285,20 @@ impl Options {
             .iter()
             .map(|r| (r.name.to_string(), r.entry.clone()))
             .collect();
+        serde_json::to_string_pretty(&Value::Object(doc)).expect("a JSON value serialises")
+    }
+
+    /// The document as it reads while [`Options::bad_document`] lasts: the first repo's cap
+    /// written as a word.
+    pub fn bad_document_text(&self) -> String {
+        let mut doc: serde_json::Map<String, Value> = self
+            .repos
+            .iter()
+            .map(|r| (r.name.to_string(), r.entry.clone()))
+            .collect();
+        if let Some(Value::Object(entry)) = doc.values_mut().next() {
+            entry.insert("maxConcurrent".into(), Value::String("three".into()));
+        }
         serde_json::to_string_pretty(&Value::Object(doc)).expect("a JSON value serialises")
     }
 

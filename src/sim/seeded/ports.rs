@@ -39,6 +39,8 @@ pub enum Scope {
     Dispatch(String, RepoName),
     Reread,
     Purge,
+    /// Reading the document from Consul.
+    Document,
 }
 
 /// Faults injected so far, as the invariant checker needs them.
@@ -87,14 +89,14 @@ pub fn lock(shared: &Shared) -> MutexGuard<'_, Sim> {
 }
 
 /// One port call, as fault injection sees it.
-struct Call<'a> {
-    scope: Scope,
-    service: Service,
+pub struct Call<'a> {
+    pub scope: Scope,
+    pub service: Service,
     /// The forge token of the repo is read from Vault first.
-    via_vault: bool,
+    pub via_vault: bool,
     /// Whose rate-limit budget the call spends.
-    budget: Option<String>,
-    what: &'a str,
+    pub budget: Option<String>,
+    pub what: &'a str,
 }
 
 impl Sim {
@@ -126,7 +128,7 @@ impl Sim {
         world.advance(t, options, rng, trace);
     }
 
-    fn call(&mut self, call: Call<'_>) -> Result<(), PortError> {
+    pub fn call(&mut self, call: Call<'_>) -> Result<(), PortError> {
         if call.service == Service::Nomad {
             self.requests.nomad += 1;
         }
