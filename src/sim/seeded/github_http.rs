@@ -1306,3 +1306,365 @@ impl Registrar for GitHubForge {
         repo_url(repo)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    use super::super::options::Outage;
+    use super::super::ports::CANARY;
+    use super::super::scenarios::Scenario;
+    use super::super::trace::Trace;
+    use super::super::world::World;
+    use super::*;
+    use crate::config::{ConfigDefaults, parse_document};
+    use crate::observe::JobState;
+
+    const APP_REPO: &str = "afreidah/munchbox";
+    const VAULT_REPO: &str = "ev-the-dev/moat";
+
+    /// A world without random faults, with work queued on every repo and the status lag
+    /// caught up.
+    fn quiet_world() -> Shared {
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut options = Scenario::Steady.options(&mut rng);
+        options.faults = BTreeMap::new();
+        options.outages.clear();
+        options.burst_runs = 12;
+        options.stale_jobs = 0;
+        options.cancel_per_s = 0.0;
+        options.runs_per_hour = 0.0;
+        let config = parse_document(options.document().as_bytes(), &ConfigDefaults::default())
+            .expect("a valid document");
+        let repo_urls = config
+            .repos
+            .values()
+            .map(|r| (repo_url(r), r.repo.clone()))
+            .collect();
+        let world = World::new(&options, repo_urls);
+        let sim = Sim::new(
+            options,
+            config,
+            world,
+            StdRng::seed_from_u64(8),
+            Trace::new(false),
+        );
+        let shared = Arc::new(Mutex::new(sim));
+        for t in 0..=5 {
+            lock(&shared).advance(t);
+        }
+        shared
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .expect("a runtime")
+    }
+
+    fn repo(shared: &Shared, name: &str) -> RepoConfig {
+        let name = RepoName::parse(name).expect("a repo name");
+        lock(shared).config.repos[&name].clone()
+    }
+
+    /// The jobs the world shows for `repo`: (id, queued?, runner).
+    fn shown(shared: &Shared, repo: &RepoName) -> BTreeSet<(u64, bool, Option<String>)> {
+        lock(shared)
+            .world
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.repo == *repo)
+            .filter_map(|(id, j)| match &j.visible {
+                Visible::Hidden => None,
+                Visible::Queued => Some((*id, true, None)),
+                Visible::Running(r) => Some((*id, false, Some(r.0.clone()))),
+            })
+            .collect()
+    }
+
+    fn listed(jobs: &RepoJobs) -> BTreeSet<(u64, bool, Option<String>)> {
+        jobs.jobs
+            .iter()
+            .map(|j| match &j.state {
+                JobState::InProgress { runner } => {
+                    (j.id, false, runner.as_ref().map(|r| r.0.clone()))
+                }
+                _ => (j.id, true, None),
+            })
+            .collect()
+    }
+
+    fn billed(shared: &Shared) -> (u64, u64) {
+        let sim = lock(shared);
+        (
+            sim.requests.github_primary,
+            sim.requests.github_not_modified,
+        )
+    }
+
+    #[test]
+    fn an_unchanged_listing_is_answered_not_modified_and_spends_nothing() {
+        let shared = quiet_world();
+        let forge = GitHubForge::new(&shared, true);
+        runtime().block_on(async {
+            for name in [APP_REPO, VAULT_REPO] {
+                let repo = repo(&shared, name);
+                let first = forge.list_jobs(&repo).await.expect("listed");
+                assert!(!first.jobs.is_empty(), "{name}: the burst queued work here");
+                assert_eq!(listed(&first), shown(&shared, &repo.repo), "{name}");
+                let (spent, not_modified) = billed(&shared);
+                let second = forge.list_jobs(&repo).await.expect("listed again");
+                assert_eq!(listed(&second), listed(&first), "{name}");
+                let (spent_after, not_modified_after) = billed(&shared);
+                assert_eq!(spent_after, spent, "{name}: a 304 is free");
+                // Two run listings (queued, in progress) and one job listing per run.
+                assert!(not_modified_after >= not_modified + 3, "{name}");
+            }
+        });
+        let sim = lock(&shared);
+        assert_eq!(
+            sim.requests.github_primary,
+            sim.requests.github_primary_by_repo.values().sum::<u64>()
+        );
+    }
+
+    #[test]
+    fn without_conditional_requests_every_listing_is_billed() {
+        let shared = quiet_world();
+        let forge = GitHubForge::new(&shared, false);
+        runtime().block_on(async {
+            let repo = repo(&shared, VAULT_REPO);
+            forge.list_jobs(&repo).await.expect("listed");
+            let (spent, _) = billed(&shared);
+            let requests = forge.http().requests();
+            forge.list_jobs(&repo).await.expect("listed again");
+            let (spent_after, not_modified) = billed(&shared);
+            assert_eq!(spent_after - spent, forge.http().requests() - requests);
+            assert!(spent_after >= spent + 3);
+            assert_eq!(not_modified, 0);
+        });
+    }
+
+    #[test]
+    fn a_spent_budget_answers_403_and_pauses_the_holder_in_the_client() {
+        let shared = quiet_world();
+        let forge = GitHubForge::new(&shared, true);
+        let repo = repo(&shared, APP_REPO);
+        let holder = budget_of(&repo);
+        runtime().block_on(async {
+            forge.list_jobs(&repo).await.expect("listed");
+            forge.http().spend(&holder, BUDGET_LIMIT);
+            let e = forge
+                .list_jobs(&repo)
+                .await
+                .expect_err("the budget is spent");
+            assert_eq!(e.class, ErrorClass::RateLimited, "{}", e.message);
+            assert!(e.message.contains("installation ID"), "{}", e.message);
+            // The window began at t=5 with the first request; now is t=5.
+            assert_eq!(e.retry_after_s, Some(BUDGET_WINDOW_S));
+            let reset = virtual_now(5 + BUDGET_WINDOW_S);
+            assert_eq!(forge.client().paused_until(&repo), Some(reset));
+            // Paused: the client refuses without asking, and the world excuses the hold.
+            let requests = forge.http().requests();
+            let again = forge.list_jobs(&repo).await.expect_err("still paused");
+            assert_eq!(again.class, ErrorClass::RateLimited);
+            assert_eq!(forge.http().requests(), requests);
+            {
+                let sim = lock(&shared);
+                assert_eq!(
+                    sim.faults.exhausted.get(&holder),
+                    Some(&(5 + BUDGET_WINDOW_S))
+                );
+                assert!(
+                    sim.faults
+                        .failing
+                        .contains(&Scope::Queue(repo.repo.clone()))
+                );
+            }
+            // A new window: listed again, and the failure is over.
+            lock(&shared).t = 5 + BUDGET_WINDOW_S;
+            forge.list_jobs(&repo).await.expect("a new window");
+            assert!(
+                !lock(&shared)
+                    .faults
+                    .failing
+                    .contains(&Scope::Queue(repo.repo.clone()))
+            );
+        });
+    }
+
+    #[test]
+    fn an_injected_exhaustion_reaches_the_client_through_the_headers() {
+        let shared = quiet_world();
+        let forge = GitHubForge::new(&shared, true);
+        let repo = repo(&shared, VAULT_REPO);
+        lock(&shared)
+            .faults
+            .exhausted
+            .insert(budget_of(&repo), 5 + 120);
+        runtime().block_on(async {
+            let e = forge.list_jobs(&repo).await.expect_err("exhausted");
+            assert_eq!(
+                (e.class, e.retry_after_s),
+                (ErrorClass::RateLimited, Some(120)),
+                "{}",
+                e.message
+            );
+            assert_eq!(forge.client().paused_until(&repo), Some(virtual_now(125)));
+        });
+        assert_eq!(lock(&shared).requests.github_primary, 0);
+    }
+
+    #[test]
+    fn a_vault_outage_fails_the_polling_token_read_and_is_recorded() {
+        let shared = quiet_world();
+        lock(&shared).options.outages.push(Outage {
+            service: Service::Vault,
+            start_s: 0,
+            end_s: 60,
+        });
+        let forge = GitHubForge::new(&shared, true);
+        let repo = repo(&shared, VAULT_REPO);
+        runtime().block_on(async {
+            let e = forge.list_jobs(&repo).await.expect_err("Vault is out");
+            assert_eq!(e.class, ErrorClass::Transient, "{}", e.message);
+            assert_eq!(forge.http().requests(), 0);
+            assert!(
+                lock(&shared)
+                    .faults
+                    .failing
+                    .contains(&Scope::Queue(repo.repo.clone()))
+            );
+            lock(&shared).t = 60;
+            forge.list_jobs(&repo).await.expect("Vault is back");
+        });
+    }
+
+    #[test]
+    fn transient_faults_fail_each_call_as_transient_timeouts_included() {
+        let shared = quiet_world();
+        lock(&shared).options.faults.insert(
+            Service::GitHub,
+            super::super::options::FaultRates {
+                transient: 1.0,
+                ..Default::default()
+            },
+        );
+        let forge = GitHubForge::new(&shared, true);
+        let repo = repo(&shared, VAULT_REPO);
+        runtime().block_on(async {
+            let mut messages = Vec::new();
+            for _ in 0..12 {
+                let e = forge.list_jobs(&repo).await.expect_err("faulted");
+                assert_eq!(e.class, ErrorClass::Transient, "{}", e.message);
+                messages.push(e.message);
+            }
+            // Each kind came up: a 502, a reset connection, no answer at all (the client's
+            // timeout ends the wait on the paused clock).
+            for kind in ["502 Bad Gateway", "connection reset", "timed out after 10s"] {
+                assert!(
+                    messages.iter().any(|m| m.contains(kind)),
+                    "{kind}: {messages:#?}"
+                );
+            }
+        });
+        let sim = lock(&shared);
+        assert!(
+            sim.faults
+                .failing
+                .contains(&Scope::Queue(repo.repo.clone()))
+        );
+        assert_eq!(sim.faults.injected_total, 12);
+        assert_eq!(sim.requests.github_primary, 0);
+    }
+
+    #[test]
+    fn app_repos_mint_canary_tokens_and_vault_repos_mint_nothing() {
+        let shared = quiet_world();
+        let forge = GitHubForge::new(&shared, true);
+        let app = repo(&shared, APP_REPO);
+        let vault = repo(&shared, VAULT_REPO);
+        runtime().block_on(async {
+            let token = forge.mint(&app).await.expect("minted").expect("a token");
+            assert!(secrecy::ExposeSecret::expose_secret(&token.0).starts_with(CANARY));
+            assert!(forge.mint(&vault).await.expect("nothing to mint").is_none());
+            assert_eq!(forge.client().repo_url(&app), forge.repo_url(&app));
+        });
+    }
+
+    #[test]
+    fn listed_runs_and_jobs_have_the_documented_fields() {
+        let keys = |value: &Value| -> BTreeSet<String> {
+            value
+                .as_object()
+                .expect("an object")
+                .keys()
+                .cloned()
+                .collect()
+        };
+        let fixture_runs: Value = serde_json::from_str(include_str!(
+            "../../../tests/fixtures/github/list-workflow-runs-for-repo.response.json"
+        ))
+        .expect("JSON");
+        let fixture_jobs: Value = serde_json::from_str(include_str!(
+            "../../../tests/fixtures/github/list-jobs-for-workflow-run.response.json"
+        ))
+        .expect("JSON");
+        let repo = RepoName::parse(APP_REPO).expect("a name");
+        let runs = Page {
+            repo: repo.clone(),
+            total: 1,
+            items: vec![RunView {
+                id: 5,
+                status: "queued",
+                created_s: -30,
+            }],
+            link: None,
+            etag: String::new(),
+        };
+        let rendered: Value = serde_json::from_str(&render_runs(&runs)).expect("JSON");
+        assert_eq!(keys(&rendered), keys(&fixture_runs));
+        assert_eq!(
+            keys(&rendered["workflow_runs"][0]),
+            keys(&fixture_runs["workflow_runs"][0])
+        );
+        let jobs = Page {
+            repo,
+            total: 1,
+            items: vec![JobView {
+                id: 6,
+                in_progress: true,
+                created_s: 10,
+                runner: Some("ci-runner-1".into()),
+                labels: vec!["self-hosted".into()],
+            }],
+            link: None,
+            etag: String::new(),
+        };
+        let rendered: Value = serde_json::from_str(&render_jobs(5, &jobs)).expect("JSON");
+        let mut documented = keys(&fixture_jobs["jobs"][0]);
+        // Required by the schema, absent from the documentation's example.
+        documented.insert("created_at".into());
+        assert_eq!(keys(&rendered["jobs"][0]), documented);
+        assert_eq!(rendered["jobs"][0]["runner_name"], "ci-runner-1");
+    }
+
+    #[test]
+    fn pages_link_to_the_next_and_last_page() {
+        let query = Query::parse(Some("status=queued&per_page=2&page=2"));
+        let (range, link) = query.page(5, "https://api.github.com/repositories/1/actions/runs");
+        assert_eq!(range, 2..4);
+        let link = link.expect("more pages");
+        assert!(
+            link.contains("<https://api.github.com/repositories/1/actions/runs?status=queued&per_page=2&page=3>; rel=\"next\""),
+            "{link}"
+        );
+        assert!(link.contains("page=3>; rel=\"last\""), "{link}");
+        assert_eq!(Query::parse(Some("per_page=100")).page(5, "x").1, None);
+    }
+}
