@@ -13,7 +13,9 @@
 //! is checked and spent; a `304 Not Modified` spends nothing.
 //!
 //! Bodies follow the documentation examples in `tests/fixtures/github/` (as the twin's do):
-//! the fields the world knows are filled in, the others kept from the example.
+//! the fields the world knows are filled in, the others kept from the example, except that a
+//! run's `repository` and `head_repository` keep only their identifying fields (see
+//! [`minimal_repository`]).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -161,8 +163,12 @@ static TEMPLATES: LazyLock<Templates> = LazyLock::new(|| {
     let access_token = parse(include_str!(
         "../../../tests/fixtures/github/create-installation-access-token.response.json"
     ));
+    let mut run = runs["workflow_runs"][0].clone();
+    for key in ["repository", "head_repository"] {
+        run[key] = minimal_repository(&run[key]);
+    }
     Templates {
-        run_rest: rest_of(runs["workflow_runs"][0].clone(), RUN_FIELDS),
+        run_rest: rest_of(run, RUN_FIELDS),
         job_rest: rest_of(jobs["jobs"][0].clone(), JOB_FIELDS),
         installation: parse(include_str!(
             "../../../tests/fixtures/github/get-installation.response.json"
@@ -171,6 +177,33 @@ static TEMPLATES: LazyLock<Templates> = LazyLock::new(|| {
         access_token,
     }
 });
+
+/// The identifying fields of a run's `repository`/`head_repository`. The documented object
+/// has some eighty fields, mostly URL templates, and makes up two thirds of a listed run;
+/// every listing is parsed again by the client on each poll (a 304 reuses the cached body),
+/// so the full objects tripled the cost of a sweep for fields nobody reads.
+fn minimal_repository(full: &Value) -> Value {
+    let mut kept = serde_json::Map::new();
+    for key in [
+        "id",
+        "node_id",
+        "name",
+        "full_name",
+        "private",
+        "html_url",
+        "description",
+        "fork",
+        "url",
+    ] {
+        kept.insert(key.to_string(), full[key].clone());
+    }
+    let owner = &full["owner"];
+    kept.insert(
+        "owner".into(),
+        json!({ "login": owner["login"], "id": owner["id"], "type": owner["type"] }),
+    );
+    Value::Object(kept)
+}
 
 static APP_KEY: LazyLock<DecodingKey> = LazyLock::new(|| {
     DecodingKey::from_rsa_pem(APP_PUBLIC_KEY_PEM.as_bytes()).expect("test App key is valid")
