@@ -40,6 +40,7 @@ use crate::secrets::SecretSource;
 
 use app_auth::{AppSigner, InstallationToken, Installations, Permission, TokenCache};
 pub use budget::{Budget, BudgetHolder, RateBudgets};
+pub use transport::SECONDARY_LIMIT_WAIT_S;
 use transport::{Answer, RateHeaders, Target, Transport, classify, malformed};
 
 pub const GITHUB_API_URL_DEFAULT: &str = "https://api.github.com";
@@ -181,6 +182,8 @@ pub struct GitHub {
     polling_tokens: Mutex<HashMap<String, (SecretString, DateTime<Utc>)>>,
     budgets: RateBudgets,
     conditional: Mutex<HashMap<RepoName, HashMap<String, Conditional>>>,
+    /// Listings are sent with `If-None-Match` when a body is cached (the default).
+    conditional_requests: bool,
     clock: Clock,
 }
 
@@ -223,6 +226,36 @@ impl GitHub {
     /// `secrets` serves the polling tokens of `vault` repos.
     pub fn new(settings: GitHubSettings, secrets: Arc<dyn SecretSource>) -> Result<GitHub, String> {
         let transport = Transport::new(&settings.api_url, settings.request_timeout)?;
+        GitHub::with_transport(settings, transport, secrets)
+    }
+
+    /// A client whose requests are answered by `service` instead of going over the network
+    /// (the seeded simulator's in-memory GitHub): everything above the socket runs as in
+    /// production. `settings.api_url` still names the API (the web URL runners register
+    /// against, and the only origin `Link` URLs may point to). Must be called inside the
+    /// tokio runtime that drives the requests: octocrab spawns its buffer worker on it.
+    pub fn over_service<S>(
+        settings: GitHubSettings,
+        service: S,
+        secrets: Arc<dyn SecretSource>,
+    ) -> Result<GitHub, String>
+    where
+        S: tower::Service<http::Request<octocrab::OctoBody>, Response = http::Response<String>>
+            + Send
+            + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let transport =
+            Transport::over_service(&settings.api_url, settings.request_timeout, service);
+        GitHub::with_transport(settings, transport, secrets)
+    }
+
+    fn with_transport(
+        settings: GitHubSettings,
+        transport: Transport,
+        secrets: Arc<dyn SecretSource>,
+    ) -> Result<GitHub, String> {
         let app = match &settings.app {
             Some(creds) => Some(App {
                 signer: AppSigner::new(&creds.app_id, &creds.private_key)?,
@@ -240,8 +273,16 @@ impl GitHub {
             polling_tokens: Mutex::default(),
             budgets: RateBudgets::default(),
             conditional: Mutex::default(),
+            conditional_requests: true,
             clock: Arc::new(Utc::now),
         })
+    }
+
+    /// Polls without `If-None-Match`: every listing is a full, billed request (the baseline
+    /// a benchmark compares conditional requests against).
+    pub fn without_conditional_requests(mut self) -> GitHub {
+        self.conditional_requests = false;
+        self
     }
 
     /// Replaces the wall clock (tests and the simulated world).
@@ -571,6 +612,25 @@ impl GitHub {
         seen: &mut HashMap<String, Conditional>,
     ) -> Result<(HeaderMap, String), PortError> {
         let key = target.as_key();
+        if !self.conditional_requests {
+            let answer = self
+                .repo_call(
+                    repo,
+                    Permission::ActionsRead,
+                    Method::GET,
+                    target,
+                    None,
+                    doing,
+                )
+                .await?;
+            if answer.status == StatusCode::NOT_MODIFIED {
+                return Err(PortError::new(
+                    ErrorClass::Malformed,
+                    format!("{doing}: 304 Not Modified to an unconditional request"),
+                ));
+            }
+            return Ok((answer.headers, answer.body));
+        }
         let cached = {
             let conditional = self.conditional.lock().expect("conditional cache lock");
             conditional

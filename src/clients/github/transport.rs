@@ -84,6 +84,34 @@ impl Transport {
         })
     }
 
+    /// A transport whose requests go to `service` instead of over hyper (the seeded
+    /// simulator's in-memory GitHub). No base-URI layer sits in front of it: requests carry
+    /// path-only URIs, or the absolute `Link` URLs GitHub handed out, as they are sent.
+    /// octocrab spawns its buffer worker on the current tokio runtime, so this must be
+    /// called inside the runtime that will drive the requests.
+    pub fn over_service<S>(api_url: &Url, timeout: Duration, service: S) -> Transport
+    where
+        S: tower::Service<http::Request<octocrab::OctoBody>, Response = http::Response<String>>
+            + Send
+            + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let built = octocrab::OctocrabBuilder::new_empty()
+            .with_service(service)
+            .with_auth(octocrab::AuthState::None)
+            .build();
+        let octocrab = match built {
+            Ok(octocrab) => octocrab,
+            Err(never) => match never {},
+        };
+        Transport {
+            octocrab,
+            api_url: api_url.clone(),
+            timeout,
+        }
+    }
+
     pub fn api_url(&self) -> &Url {
         &self.api_url
     }

@@ -13,12 +13,14 @@
 //! - [`options`]: what a run derives from its seed; [`scenarios`]: the named scenarios.
 //! - [`world`]: GitHub's, Forgejo's and Nomad's truth and how it moves.
 //! - [`ports`]: the loop's ports over the world, with faults injected per service.
+//! - [`github_http`]: GitHub's REST API over the world, in memory, for the real client.
 //! - [`invariants`]: the invariants I1 to I7.
 //! - [`trace`]: the event trace and its hash.
 
 pub mod baselines;
 pub mod bench;
 pub mod consul;
+pub mod github_http;
 pub mod invariants;
 pub mod options;
 pub mod ports;
@@ -227,8 +229,9 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
             }
             Actor::Ours(Box::new(controller))
         }
+        // The seed makes no conditional requests: every listing is billed.
         Strategy::Seed => Actor::Seed(baselines::SeedPoller::new(
-            ports::services(&shared),
+            ports::services_with(&shared, false),
             shared.clone(),
         )),
         Strategy::EphemerdPreVeto => Actor::Ephemerd(baselines::EphemerdPreVeto::new(
@@ -239,7 +242,9 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
 
     let logs = LogWatch::default();
     let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
+        // Everything the daemon logs is searched for tokens; tower's buffer only says that
+        // it passes requests on (several lines per GitHub request, all cost, no content).
+        .with_env_filter(tracing_subscriber::EnvFilter::new("trace,tower=off"))
         .with_ansi(false)
         .with_writer({
             let logs = logs.clone();

@@ -15,6 +15,7 @@ use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use secrecy::{ExposeSecret, SecretString};
 
+use super::github_http::GitHubForge;
 use super::options::{ForgeKind, Options, Service};
 use super::trace::Trace;
 use super::world::{EPOCH_UNIX, Visible, World};
@@ -75,8 +76,77 @@ pub struct Requests {
     /// GitHub requests that count against a primary rate limit (a `304 Not Modified` to a
     /// conditional request does not).
     pub github_primary: u64,
+    /// The same, per repo the request was about.
+    pub github_primary_by_repo: BTreeMap<String, u64>,
+    /// GitHub listings answered `304 Not Modified` (free).
+    pub github_not_modified: u64,
     /// Every request to Nomad's HTTP API.
     pub nomad: u64,
+}
+
+/// What a faulted call meets, before it is told to the caller: a port error for the
+/// in-memory ports, an HTTP answer for the in-memory GitHub service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The whole service is out.
+    Outage,
+    /// Vault is out, and the call needs a token from it.
+    VaultOutage,
+    /// The budget the call spends was exhausted earlier and resets in `wait_s`.
+    Exhausted {
+        wait_s: u64,
+    },
+    Transient(Transient),
+    /// A body that does not parse.
+    Malformed,
+    /// A rate limit hit now; the budget is exhausted for `wait_s`.
+    RateLimited {
+        wait_s: u64,
+        secondary: bool,
+    },
+}
+
+/// The ways a request fails without a useful answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transient {
+    BadGateway,
+    TimedOut,
+    ConnectionReset,
+}
+
+impl Transient {
+    fn as_str(self) -> &'static str {
+        match self {
+            Transient::BadGateway => "502 Bad Gateway",
+            Transient::TimedOut => "operation timed out",
+            Transient::ConnectionReset => "connection reset by peer",
+        }
+    }
+}
+
+impl Fault {
+    /// The fault as the in-memory ports report it.
+    pub fn error(self, what: &str) -> PortError {
+        match self {
+            Fault::Outage => PortError::new(
+                ErrorClass::Transient,
+                format!("{what}: 503 Service Unavailable"),
+            ),
+            Fault::VaultOutage => PortError::new(
+                ErrorClass::Transient,
+                format!("{what}: read the token from Vault: 503 Vault is sealed"),
+            ),
+            Fault::Exhausted { wait_s } => rate_limited(what, wait_s, false),
+            Fault::Transient(kind) => {
+                PortError::new(ErrorClass::Transient, format!("{what}: {}", kind.as_str()))
+            }
+            Fault::Malformed => PortError::new(
+                ErrorClass::Malformed,
+                format!("{what}: invalid JSON: expected value at line 1 column 17"),
+            ),
+            Fault::RateLimited { wait_s, secondary } => rate_limited(what, wait_s, secondary),
+        }
+    }
 }
 
 pub type Shared = Arc<Mutex<Sim>>;
@@ -129,92 +199,100 @@ impl Sim {
     }
 
     pub fn call(&mut self, call: Call<'_>) -> Result<(), PortError> {
+        let what = call.what;
+        match self.fault(call) {
+            Some(fault) => Err(fault.error(what)),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether `call` fails, and how; a failure is recorded against its scope, a success
+    /// clears the scope.
+    pub(super) fn fault(&mut self, call: Call<'_>) -> Option<Fault> {
         if call.service == Service::Nomad {
             self.requests.nomad += 1;
         }
         match self.inject(&call) {
-            Ok(()) => {
+            None => {
                 self.faults.failing.remove(&call.scope);
-                Ok(())
+                None
             }
-            Err(e) => {
-                self.faults.failing.insert(call.scope.clone());
-                self.faults.injected_now.insert(call.scope.clone());
+            Some(fault) => {
+                let e = fault.error(call.what);
+                self.record_fault(&call.scope, call.service, &e);
                 self.faults.injected_total += 1;
-                self.trace.record(
-                    self.t,
-                    format!(
-                        "fault {} {:?}: {} ({})",
-                        call.service.as_str(),
-                        call.scope,
-                        e.class.as_str(),
-                        e.message
-                    ),
-                );
-                Err(e)
+                Some(fault)
             }
         }
     }
 
-    fn inject(&mut self, call: &Call<'_>) -> Result<(), PortError> {
+    /// Remembers that a call of `scope` failed, so the checker excuses what it held back.
+    pub(super) fn record_fault(&mut self, scope: &Scope, service: Service, e: &PortError) {
+        self.faults.failing.insert(scope.clone());
+        self.faults.injected_now.insert(scope.clone());
+        self.trace.record(
+            self.t,
+            format!(
+                "fault {} {:?}: {} ({})",
+                service.as_str(),
+                scope,
+                e.class.as_str(),
+                e.message
+            ),
+        );
+    }
+
+    fn inject(&mut self, call: &Call<'_>) -> Option<Fault> {
         let t = self.t;
         let o = &self.options;
         if t >= o.faults_end_s {
-            return Ok(());
+            return None;
         }
-        let what = call.what;
         if o.outage_at(call.service, t).is_some() {
-            return Err(PortError::new(
-                ErrorClass::Transient,
-                format!("{what}: 503 Service Unavailable"),
-            ));
+            return Some(Fault::Outage);
         }
         if call.via_vault && o.outage_at(Service::Vault, t).is_some() {
-            return Err(PortError::new(
-                ErrorClass::Transient,
-                format!("{what}: read the token from Vault: 503 Vault is sealed"),
-            ));
+            return Some(Fault::VaultOutage);
         }
         if let Some(holder) = &call.budget
             && let Some(reset) = self.faults.exhausted.get(holder)
             && *reset > t
         {
-            return Err(rate_limited(what, reset - t, false));
+            return Some(Fault::Exhausted { wait_s: reset - t });
         }
         let rates = o.rates(call.service);
         let roll: f64 = self.rng.random();
         if roll < rates.transient {
-            let why = [
-                "502 Bad Gateway",
-                "operation timed out",
-                "connection reset by peer",
+            let kind = [
+                Transient::BadGateway,
+                Transient::TimedOut,
+                Transient::ConnectionReset,
             ]
             .choose(&mut self.rng)
             .expect("non-empty");
-            return Err(PortError::new(
-                ErrorClass::Transient,
-                format!("{what}: {why}"),
-            ));
+            return Some(Fault::Transient(*kind));
         }
         if roll < rates.transient + rates.malformed {
-            return Err(PortError::new(
-                ErrorClass::Malformed,
-                format!("{what}: invalid JSON: expected value at line 1 column 17"),
-            ));
+            return Some(Fault::Malformed);
         }
         if let Some(holder) = &call.budget
             && roll < rates.transient + rates.malformed + rates.rate_limited
         {
             let (low, high) = o.rate_limit_reset_s;
-            let wait = self.rng.random_range(low..=high);
-            self.faults.exhausted.insert(holder.clone(), t + wait);
+            let mut wait_s = self.rng.random_range(low..=high);
             let secondary = self.rng.random_bool(0.3);
-            return Err(rate_limited(what, wait, secondary));
+            // GitHub asks for at least a minute after a secondary limit, and the client
+            // waits that long whatever `retry-after` says: the budget is out as long.
+            if secondary && call.service == Service::GitHub {
+                wait_s = wait_s.max(crate::clients::github::SECONDARY_LIMIT_WAIT_S);
+            }
+            self.faults.exhausted.insert(holder.clone(), t + wait_s);
+            return Some(Fault::RateLimited { wait_s, secondary });
         }
-        Ok(())
+        None
     }
 
-    fn mint_canary(&mut self) -> RegistrationToken {
+    pub(super) fn mint_canary(&mut self) -> RegistrationToken {
         self.mints += 1;
         RegistrationToken(SecretString::from(format!("{CANARY}{:06}", self.mints)))
     }
@@ -233,7 +311,7 @@ fn rate_limited(what: &str, wait_s: u64, secondary: bool) -> PortError {
 
 /// The rate-limit budget a repo's forge calls spend: the App installation of its owner, the
 /// polling token's user, or the Forgejo instance (BRIEF lesson 10).
-fn budget_of(repo: &RepoConfig) -> String {
+pub(super) fn budget_of(repo: &RepoConfig) -> String {
     match &repo.mode {
         Mode::App => format!("installation of {}", repo.repo.owner()),
         Mode::Vault { vault_path, .. } => format!("token at {vault_path}"),
@@ -256,63 +334,6 @@ pub fn repo_url(repo: &RepoConfig) -> String {
 
 fn queued_at(seconds: i64) -> Option<chrono::DateTime<chrono::Utc>> {
     chrono::DateTime::from_timestamp(EPOCH_UNIX + seconds, 0)
-}
-
-/// GitHub (`app` and `vault` repos): jobs as the API shows them, lag included.
-pub struct GitHubPort(pub Shared);
-
-#[async_trait]
-impl QueueSource for GitHubPort {
-    async fn list_jobs(&self, repo: &RepoConfig) -> Result<RepoJobs, PortError> {
-        let mut sim = lock(&self.0);
-        sim.call(Call {
-            scope: Scope::Queue(repo.repo.clone()),
-            service: Service::GitHub,
-            via_vault: matches!(repo.mode, Mode::Vault { .. }),
-            budget: Some(budget_of(repo)),
-            what: "list workflow runs",
-        })?;
-        let jobs = sim
-            .world
-            .jobs
-            .iter()
-            .filter(|(_, j)| j.repo == repo.repo && j.forge == ForgeKind::GitHub)
-            .filter_map(|(id, j)| {
-                let state = match &j.visible {
-                    Visible::Hidden => return None,
-                    Visible::Queued => JobState::Queued,
-                    Visible::Running(runner) => JobState::InProgress {
-                        runner: Some(runner.clone()),
-                    },
-                };
-                Some(ForgeJob {
-                    id: *id,
-                    labels: j.raw_labels.clone(),
-                    state,
-                    queued_at: queued_at(j.queued_at_s),
-                })
-            })
-            .collect();
-        Ok(RepoJobs {
-            jobs,
-            truncated: false,
-        })
-    }
-}
-
-#[async_trait]
-impl Registrar for GitHubPort {
-    async fn mint(&self, repo: &RepoConfig) -> Result<Option<RegistrationToken>, PortError> {
-        // In `vault` mode the runner job reads its admin token itself: nothing to mint.
-        if !matches!(repo.mode, Mode::App) {
-            return Ok(None);
-        }
-        mint_through(&self.0, repo, Service::GitHub, false)
-    }
-
-    fn repo_url(&self, repo: &RepoConfig) -> String {
-        repo_url(repo)
-    }
 }
 
 /// One registration token from `service`, after the faults that call may meet.
@@ -525,9 +546,16 @@ impl ChildControl for NomadPort {
     }
 }
 
-/// Every port of the loop over the shared world.
+/// Every port of the loop over the shared world; GitHub is the real client over
+/// [`GitHubHttp`](super::github_http::GitHubHttp), with conditional requests.
 pub fn services(shared: &Shared) -> Services {
-    let github = Arc::new(GitHubPort(shared.clone()));
+    services_with(shared, true)
+}
+
+/// [`services`], with the GitHub client's conditional requests on or off (the benchmark's
+/// baseline polls without ETags).
+pub fn services_with(shared: &Shared, conditional_requests: bool) -> Services {
+    let github = Arc::new(GitHubForge::new(shared, conditional_requests));
     let forgejo = Arc::new(ForgejoPort(shared.clone()));
     let nomad = Arc::new(NomadPort(shared.clone()));
     Services {

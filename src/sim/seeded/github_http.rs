@@ -1,0 +1,1703 @@
+//! GitHub's REST API over the simulated world, in memory: the seeded world's `app` and
+//! `vault` repos are served to the real [`GitHub`] client through a `tower` service instead of
+//! a socket (sockets under a paused clock misbehave), so the client logic the benchmark
+//! measures runs inside the sweep: App JWTs and installation tokens narrowed to one repo and
+//! permission, conditional requests with ETags, rate-limit headers read into budgets, the
+//! 403-versus-429 classification, pagination by `Link`, timeouts.
+//!
+//! Every request first meets the seed's faults through [`Sim::fault`] (scoped like the loop's
+//! own calls, so the invariant checker knows what a fault excuses), rendered as HTTP: a 502
+//! or 503, a connection reset, a request that never answers (the client's timeout fires on
+//! the paused clock), a 200 whose JSON is cut off, a 403 with `x-ratelimit-remaining: 0` or a
+//! 429 with `retry-after`. Then the holder's primary budget (5,000 requests per virtual hour)
+//! is checked and spent; a `304 Not Modified` spends nothing.
+//!
+//! Bodies follow the documentation examples in `tests/fixtures/github/` (as the twin's do):
+//! the fields the world knows are filled in, the others kept from the example, except that a
+//! run's `repository` and `head_repository` keep only their identifying fields (see
+//! [`minimal_repository`]).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, SecondsFormat, Utc};
+use futures::FutureExt;
+use http::request::Parts;
+use http::{HeaderValue, Method, Response, StatusCode};
+use http_body_util::BodyExt;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use octocrab::OctoBody;
+use secrecy::SecretString;
+use serde_json::{Value, json};
+
+use super::options::{ForgeKind, Service};
+use super::ports::{Call, Fault, Scope, Shared, Sim, Transient, budget_of, lock, repo_url};
+use super::world::{EPOCH_UNIX, Visible};
+use crate::act::{Registrar, RegistrationToken};
+use crate::clients::github::{AppCredentials, GitHub, GitHubSettings, POLLING_TOKEN_FIELD};
+use crate::config::{Mode, RepoConfig};
+use crate::model::{ErrorClass, RepoName};
+use crate::observe::{PortError, QueueSource, RepoJobs};
+use crate::secrets::SecretSource;
+use crate::sim::twins::github::TEST_APP_ID;
+
+/// The App's key pair. 1024 bits, not the 2048 GitHub requires: the real client signs a
+/// JWT per App call, and a sweep of thousands of seeds feels every millisecond of RSA.
+const APP_PRIVATE_KEY_PEM: &str =
+    include_str!("../../../tests/fixtures/github/seeded-only-app-key-1024.pem");
+const APP_PUBLIC_KEY_PEM: &str =
+    include_str!("../../../tests/fixtures/github/seeded-only-app-key-1024.pub.pem");
+
+/// The API the client is pointed at; runners register against `https://github.com/…`.
+pub const API_URL: &str = "https://api.github.com";
+/// Primary requests per holder and window.
+pub const BUDGET_LIMIT: u64 = 5000;
+/// A primary window lasts an hour from its first request.
+pub const BUDGET_WINDOW_S: u64 = 3600;
+/// Installation and registration tokens live an hour.
+pub const TOKEN_LIFETIME_S: u64 = 3600;
+/// The client's request timeout in the simulated world.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The budget of requests signed with the App's JWT (installation lookups, token minting).
+pub const APP_BUDGET: &str = "the GitHub App";
+/// Ids of repos (`/repositories/{id}` in `Link` URLs) count from here, in document order.
+const REPO_ID_BASE: u64 = 70_000;
+/// Ids of installations count from here, one per owner with an `app` repo.
+const INSTALLATION_ID_BASE: u64 = 40_000;
+const JWT_LIFETIME_MAX_S: i64 = 600;
+const JWT_CLOCK_DRIFT_S: i64 = 60;
+
+const DOCS_REST: &str = "https://docs.github.com/rest";
+const DOCS_RATE_LIMITS: &str = "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api";
+const DOCS_TOKEN: &str =
+    "https://docs.github.com/rest/apps/apps#create-an-installation-access-token-for-an-app";
+const SECONDARY_MESSAGE: &str = "You have exceeded a secondary rate limit. Please wait a few minutes before you try again. If you reach out to GitHub Support for help, please include the request ID.";
+
+/// The polling token Vault holds at `vault_path` (a fake; it never leaves the simulation).
+pub fn polling_token(vault_path: &str) -> String {
+    format!(
+        "ghp_simulated_polling_token_{}",
+        vault_path.replace('/', "_")
+    )
+}
+
+/// Unix time of simulated second `t`.
+pub fn virtual_now(t: u64) -> DateTime<Utc> {
+    DateTime::from_timestamp(EPOCH_UNIX + t as i64, 0).expect("simulated time is in range")
+}
+
+fn timestamp(seconds: i64) -> String {
+    DateTime::from_timestamp(EPOCH_UNIX + seconds, 0)
+        .expect("simulated time is in range")
+        .to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+/// The documentation examples, parsed once. A listed run or job is the example with the
+/// world's fields spliced in: the rest is serialised once and reused, which keeps a run
+/// listing cheap enough to answer hundreds of thousands of times per sweep.
+struct Templates {
+    /// The example run without the fields filled in per run, as `"k":v,…` (no braces).
+    run_rest: String,
+    job_rest: String,
+    installation: Value,
+    access_token: Value,
+    token_repository: Value,
+}
+
+const RUN_FIELDS: &[&str] = &[
+    "id",
+    "run_number",
+    "run_attempt",
+    "status",
+    "conclusion",
+    "created_at",
+    "updated_at",
+    "run_started_at",
+    "url",
+    "html_url",
+    "jobs_url",
+];
+
+const JOB_FIELDS: &[&str] = &[
+    "id",
+    "run_id",
+    "run_url",
+    "url",
+    "html_url",
+    "status",
+    "conclusion",
+    "created_at",
+    "started_at",
+    "completed_at",
+    "steps",
+    "labels",
+    "runner_id",
+    "runner_name",
+    "runner_group_id",
+    "runner_group_name",
+];
+
+fn rest_of(mut object: Value, filled: &[&str]) -> String {
+    let map = object.as_object_mut().expect("a fixture object");
+    for key in filled {
+        map.remove(*key);
+    }
+    let text = object.to_string();
+    text[1..text.len() - 1].to_string()
+}
+
+static TEMPLATES: LazyLock<Templates> = LazyLock::new(|| {
+    let parse = |text: &str| -> Value { serde_json::from_str(text).expect("fixture is JSON") };
+    let runs = parse(include_str!(
+        "../../../tests/fixtures/github/list-workflow-runs-for-repo.response.json"
+    ));
+    let jobs = parse(include_str!(
+        "../../../tests/fixtures/github/list-jobs-for-workflow-run.response.json"
+    ));
+    let access_token = parse(include_str!(
+        "../../../tests/fixtures/github/create-installation-access-token.response.json"
+    ));
+    let mut run = runs["workflow_runs"][0].clone();
+    for key in ["repository", "head_repository"] {
+        run[key] = minimal_repository(&run[key]);
+    }
+    Templates {
+        run_rest: rest_of(run, RUN_FIELDS),
+        job_rest: rest_of(jobs["jobs"][0].clone(), JOB_FIELDS),
+        installation: parse(include_str!(
+            "../../../tests/fixtures/github/get-installation.response.json"
+        )),
+        token_repository: access_token["repositories"][0].clone(),
+        access_token,
+    }
+});
+
+/// The identifying fields of a run's `repository`/`head_repository`. The documented object
+/// has some eighty fields, mostly URL templates, and makes up two thirds of a listed run;
+/// every listing is parsed again by the client on each poll (a 304 reuses the cached body),
+/// so the full objects tripled the cost of a sweep for fields nobody reads.
+fn minimal_repository(full: &Value) -> Value {
+    let mut kept = serde_json::Map::new();
+    for key in [
+        "id",
+        "node_id",
+        "name",
+        "full_name",
+        "private",
+        "html_url",
+        "description",
+        "fork",
+        "url",
+    ] {
+        kept.insert(key.to_string(), full[key].clone());
+    }
+    let owner = &full["owner"];
+    kept.insert(
+        "owner".into(),
+        json!({ "login": owner["login"], "id": owner["id"], "type": owner["type"] }),
+    );
+    Value::Object(kept)
+}
+
+static APP_KEY: LazyLock<DecodingKey> = LazyLock::new(|| {
+    DecodingKey::from_rsa_pem(APP_PUBLIC_KEY_PEM.as_bytes()).expect("test App key is valid")
+});
+
+/// One primary-limit window of one holder.
+#[derive(Clone, Copy, Debug)]
+struct Window {
+    start_s: u64,
+    used: u64,
+}
+
+impl Window {
+    fn reset_s(&self) -> u64 {
+        self.start_s + BUDGET_WINDOW_S
+    }
+}
+
+/// What an installation token was minted for.
+#[derive(Clone, Debug)]
+struct Grant {
+    repo: RepoName,
+    permission: String,
+    level: String,
+    expires_s: u64,
+}
+
+impl Grant {
+    fn allows(&self, permission: &str, level: &str) -> bool {
+        self.permission == permission && (self.level == "write" || level == "read")
+    }
+}
+
+#[derive(Default)]
+struct HttpState {
+    budgets: BTreeMap<String, Window>,
+    tokens: BTreeMap<String, Grant>,
+    tokens_issued: u64,
+    /// Mints in flight (the forge port says): an installation lookup then serves a mint.
+    minting: u32,
+    /// Every request that reached the service, answered or not.
+    requests: u64,
+}
+
+impl HttpState {
+    fn window(&mut self, holder: &str, t: u64) -> &mut Window {
+        let window = self.budgets.entry(holder.to_string()).or_insert(Window {
+            start_s: t,
+            used: 0,
+        });
+        if t >= window.reset_s() {
+            *window = Window {
+                start_s: t,
+                used: 0,
+            };
+        }
+        window
+    }
+}
+
+/// GitHub's REST API over the shared world, as a `tower` service octocrab sends to.
+#[derive(Clone)]
+pub struct GitHubHttp {
+    shared: Shared,
+    state: Arc<Mutex<HttpState>>,
+}
+
+/// How a request ends.
+enum Served {
+    Answer(Response<String>),
+    /// The connection drops before an answer.
+    Reset,
+    /// No answer ever comes: the client's own timeout has to end the wait.
+    Hang,
+}
+
+/// The route of a request the daemon makes.
+enum Route {
+    RepoInstallation(RepoName),
+    AccessToken(u64),
+    ListRuns(RepoName),
+    ListJobs(RepoName, u64),
+    RegistrationToken(RepoName),
+}
+
+/// An answer under construction.
+struct Reply {
+    status: StatusCode,
+    headers: Vec<(&'static str, String)>,
+    body: String,
+}
+
+impl Reply {
+    fn json(status: StatusCode, body: String) -> Reply {
+        Reply {
+            status,
+            headers: vec![("content-type", "application/json; charset=utf-8".into())],
+            body,
+        }
+    }
+
+    fn error(status: StatusCode, message: &str, docs: &str) -> Reply {
+        Reply::json(
+            status,
+            json!({ "message": message, "documentation_url": docs }).to_string(),
+        )
+    }
+
+    fn not_found() -> Reply {
+        Reply::error(StatusCode::NOT_FOUND, "Not Found", DOCS_REST)
+    }
+
+    fn header(mut self, name: &'static str, value: impl Into<String>) -> Reply {
+        self.headers.push((name, value.into()));
+        self
+    }
+
+    fn rate(self, limit: u64, used: u64, reset_s: u64) -> Reply {
+        self.header("x-ratelimit-limit", limit.to_string())
+            .header(
+                "x-ratelimit-remaining",
+                limit.saturating_sub(used).to_string(),
+            )
+            .header("x-ratelimit-used", used.to_string())
+            .header(
+                "x-ratelimit-reset",
+                (EPOCH_UNIX + reset_s as i64).to_string(),
+            )
+            .header("x-ratelimit-resource", "core")
+    }
+
+    fn into_response(self) -> Response<String> {
+        let mut response = Response::builder().status(self.status);
+        for (name, value) in &self.headers {
+            if let Ok(value) = HeaderValue::from_str(value) {
+                response = response.header(*name, value);
+            }
+        }
+        response
+            .header("x-github-api-version-selected", "2022-11-28")
+            .body(self.body)
+            .expect("a valid response")
+    }
+}
+
+/// The parts of the query the routes read.
+struct Query(Vec<(String, String)>);
+
+impl Query {
+    fn parse(raw: Option<&str>) -> Query {
+        Query(
+            url::form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect(),
+        )
+    }
+
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn number(&self, key: &str, default: usize) -> usize {
+        self.get(key)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    }
+
+    /// `per_page`/`page` of `total` items: the range shown and GitHub's `Link` header (none
+    /// when everything fits on one page).
+    fn page(&self, total: usize, link_base: &str) -> (std::ops::Range<usize>, Option<String>) {
+        let per_page = self.number("per_page", 30).clamp(1, 100);
+        let page = self.number("page", 1).max(1);
+        let last = total.div_ceil(per_page).max(1);
+        let start = (page - 1).saturating_mul(per_page).min(total);
+        let end = (start + per_page).min(total);
+        let mut kept: Vec<String> = self
+            .0
+            .iter()
+            .filter(|(k, _)| k != "page" && k != "per_page")
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        kept.push(format!("per_page={per_page}"));
+        let url = |p: usize| format!("<{link_base}?{}&page={p}>", kept.join("&"));
+        let mut rels = Vec::new();
+        if page > 1 {
+            rels.push(format!("{}; rel=\"prev\"", url((page - 1).min(last))));
+        }
+        if page < last {
+            rels.push(format!("{}; rel=\"next\"", url(page + 1)));
+            rels.push(format!("{}; rel=\"last\"", url(last)));
+        }
+        if page > 1 {
+            rels.push(format!("{}; rel=\"first\"", url(1)));
+        }
+        (start..end, (!rels.is_empty()).then(|| rels.join(", ")))
+    }
+}
+
+fn bearer(parts: &Parts) -> Option<&str> {
+    let value = parts
+        .headers
+        .get(http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    matches!(scheme.to_ascii_lowercase().as_str(), "bearer" | "token").then(|| token.trim())
+}
+
+#[derive(serde::Deserialize)]
+struct JwtClaims {
+    iss: Value,
+    iat: i64,
+    exp: i64,
+}
+
+/// Checks the App's JWT as GitHub does: RS256 with the App's key, `exp` ahead but at most
+/// ten minutes, `iat` not in the future, `iss` the App, all against virtual time.
+fn verify_jwt(parts: &Parts, t: u64) -> Result<(), Reply> {
+    let unauthorized = |message: &str| Reply::error(StatusCode::UNAUTHORIZED, message, DOCS_REST);
+    let undecodable = || unauthorized("A JSON web token could not be decoded");
+    let jwt = bearer(parts).ok_or_else(undecodable)?;
+    let mut validation = Validation::new(Algorithm::RS256);
+    validation.validate_exp = false;
+    validation.validate_aud = false;
+    validation.set_required_spec_claims(&["exp"]);
+    let claims = jsonwebtoken::decode::<JwtClaims>(jwt, &APP_KEY, &validation)
+        .map_err(|_| undecodable())?
+        .claims;
+    let now = EPOCH_UNIX + t as i64;
+    if claims.exp <= now {
+        return Err(unauthorized(
+            "'Expiration time' claim ('exp') must be a numeric value representing the future time at which the assertion expires.",
+        ));
+    }
+    if claims.exp > now + JWT_LIFETIME_MAX_S {
+        return Err(unauthorized(
+            "'Expiration time' claim ('exp') is too far in the future",
+        ));
+    }
+    if claims.iat > now + JWT_CLOCK_DRIFT_S {
+        return Err(unauthorized(
+            "'Issued at' claim ('iat') must be an Integer representing the time that the assertion was issued.",
+        ));
+    }
+    let iss = match &claims.iss {
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => s.clone(),
+        _ => return Err(undecodable()),
+    };
+    if iss != TEST_APP_ID {
+        return Err(undecodable());
+    }
+    Ok(())
+}
+
+/// Installation ids by owner: one per owner with an `app` repo in the document.
+fn installations(sim: &Sim) -> BTreeMap<String, u64> {
+    let mut owners: Vec<&str> = sim
+        .config
+        .repos
+        .values()
+        .filter(|r| matches!(r.mode, Mode::App))
+        .map(|r| r.repo.owner())
+        .collect();
+    owners.sort_unstable();
+    owners.dedup();
+    owners
+        .into_iter()
+        .zip(INSTALLATION_ID_BASE..)
+        .map(|(owner, id)| (owner.to_string(), id))
+        .collect()
+}
+
+fn repo_id(sim: &Sim, repo: &RepoName) -> u64 {
+    let index = sim.config.repos.keys().position(|r| r == repo).unwrap_or(0);
+    REPO_ID_BASE + index as u64
+}
+
+fn parse_route(sim: &Sim, method: &Method, path: &str) -> Option<Route> {
+    let segments: Vec<&str> = path.strip_prefix('/')?.split('/').collect();
+    let id = |s: &str| s.parse::<u64>().ok();
+    let (repo, rest) = match segments.as_slice() {
+        ["app", "installations", installation, "access_tokens"] if method == Method::POST => {
+            return Some(Route::AccessToken(id(installation)?));
+        }
+        ["repos", owner, name, rest @ ..] => (RepoName::parse(&format!("{owner}/{name}"))?, rest),
+        ["repositories", repo_id, rest @ ..] => {
+            let index = id(repo_id)?.checked_sub(REPO_ID_BASE)?;
+            let repo = sim.config.repos.keys().nth(index as usize)?.clone();
+            (repo, rest)
+        }
+        _ => return None,
+    };
+    match (method.as_str(), rest) {
+        ("GET", ["installation"]) => Some(Route::RepoInstallation(repo)),
+        ("GET", ["actions", "runs"]) => Some(Route::ListRuns(repo)),
+        ("GET", ["actions", "runs", run, "jobs"]) => Some(Route::ListJobs(repo, id(run)?)),
+        ("POST", ["actions", "runners", "registration-token"]) => {
+            Some(Route::RegistrationToken(repo))
+        }
+        _ => None,
+    }
+}
+
+/// One request as it meets faults and budgets: on whose budget, in which scope.
+struct Billing {
+    holder: String,
+    scope: Scope,
+    repo: RepoName,
+    what: &'static str,
+    /// The rate-limit message of this holder.
+    exceeded: String,
+}
+
+impl GitHubHttp {
+    pub fn new(shared: &Shared) -> GitHubHttp {
+        GitHubHttp {
+            shared: shared.clone(),
+            state: Arc::default(),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, HttpState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Requests that reached the service so far, answered or not.
+    pub fn requests(&self) -> u64 {
+        self.state().requests
+    }
+
+    /// Requests spent so far in `holder`'s current window.
+    pub fn used(&self, holder: &str) -> u64 {
+        self.state().budgets.get(holder).map_or(0, |w| w.used)
+    }
+
+    /// Sets how much of `holder`'s current window is spent (tests).
+    pub fn spend(&self, holder: &str, used: u64) {
+        let t = lock(&self.shared).t;
+        self.state().window(holder, t).used = used;
+    }
+
+    fn serve(&self, parts: &Parts, body: &[u8]) -> Served {
+        let mut sim = lock(&self.shared);
+        let sim = &mut *sim;
+        let mut state = self.state();
+        state.requests += 1;
+        let Some(route) = parse_route(sim, &parts.method, parts.uri.path()) else {
+            return Served::Answer(Reply::not_found().into_response());
+        };
+        let query = Query::parse(parts.uri.query());
+        let installations = installations(sim);
+        // Which repo, whose budget, which scope of the loop the request serves.
+        let mut token_request = None;
+        let billing = match &route {
+            Route::RepoInstallation(repo) => app_billing(
+                repo.clone(),
+                if state.minting > 0 {
+                    Scope::Mint(repo.clone())
+                } else {
+                    Scope::Queue(repo.clone())
+                },
+                "get the repository installation",
+            ),
+            Route::AccessToken(installation) => {
+                let Some(owner) = installations
+                    .iter()
+                    .find(|(_, id)| *id == installation)
+                    .map(|(owner, _)| owner.clone())
+                else {
+                    return Served::Answer(Reply::not_found().into_response());
+                };
+                let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+                let name = request["repositories"][0].as_str().unwrap_or_default();
+                let permissions = request["permissions"].as_object();
+                let Some(repo) = RepoName::parse(&format!("{owner}/{name}"))
+                    .filter(|r| sim.config.repos.contains_key(r))
+                else {
+                    return Served::Answer(
+                        Reply::error(
+                            StatusCode::UNPROCESSABLE_ENTITY,
+                            "There is at least one repository that does not exist or is not accessible to the parent installation.",
+                            DOCS_TOKEN,
+                        )
+                        .into_response(),
+                    );
+                };
+                let Some((permission, level)) = permissions
+                    .filter(|p| p.len() == 1)
+                    .and_then(|p| p.iter().next())
+                    .and_then(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                else {
+                    return Served::Answer(
+                        Reply::error(
+                            StatusCode::UNPROCESSABLE_ENTITY,
+                            "The daemon asks for one permission per token.",
+                            DOCS_TOKEN,
+                        )
+                        .into_response(),
+                    );
+                };
+                let scope = if permission == "administration" {
+                    Scope::Mint(repo.clone())
+                } else {
+                    Scope::Queue(repo.clone())
+                };
+                token_request = Some((permission, level));
+                app_billing(repo, scope, "create an installation access token")
+            }
+            Route::ListRuns(repo) | Route::ListJobs(repo, _) => {
+                let Some(config) = sim.config.repos.get(repo) else {
+                    return Served::Answer(Reply::not_found().into_response());
+                };
+                repo_billing(config, &installations, Scope::Queue(repo.clone()), "list")
+            }
+            Route::RegistrationToken(repo) => {
+                let Some(config) = sim.config.repos.get(repo) else {
+                    return Served::Answer(Reply::not_found().into_response());
+                };
+                repo_billing(
+                    config,
+                    &installations,
+                    Scope::Mint(repo.clone()),
+                    "create a registration token",
+                )
+            }
+        };
+        let t = sim.t;
+        let fault = sim.fault(Call {
+            scope: billing.scope.clone(),
+            service: Service::GitHub,
+            via_vault: false,
+            budget: Some(billing.holder.clone()),
+            what: billing.what,
+        });
+        let window = *state.window(&billing.holder, t);
+        match fault {
+            None | Some(Fault::Malformed) => {}
+            Some(Fault::Outage | Fault::VaultOutage) => {
+                return Served::Answer(
+                    Reply::error(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "Service Unavailable",
+                        DOCS_REST,
+                    )
+                    .into_response(),
+                );
+            }
+            Some(Fault::Transient(Transient::BadGateway)) => {
+                let mut reply = Reply::json(
+                    StatusCode::BAD_GATEWAY,
+                    "<html><body><h1>502 Bad Gateway</h1></body></html>".into(),
+                );
+                reply.headers = vec![("content-type", "text/html".into())];
+                return Served::Answer(reply.into_response());
+            }
+            Some(Fault::Transient(Transient::ConnectionReset)) => return Served::Reset,
+            Some(Fault::Transient(Transient::TimedOut)) => return Served::Hang,
+            Some(Fault::Exhausted { wait_s })
+            | Some(Fault::RateLimited {
+                wait_s,
+                secondary: false,
+            }) => {
+                return Served::Answer(exhausted(&billing, t + wait_s).into_response());
+            }
+            Some(Fault::RateLimited {
+                wait_s,
+                secondary: true,
+            }) => {
+                return Served::Answer(
+                    Reply::error(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        SECONDARY_MESSAGE,
+                        DOCS_RATE_LIMITS,
+                    )
+                    .header("retry-after", wait_s.to_string())
+                    .rate(BUDGET_LIMIT, window.used, window.reset_s())
+                    .into_response(),
+                );
+            }
+        }
+        let malformed = fault == Some(Fault::Malformed);
+        let authenticated = match &route {
+            Route::RepoInstallation(_) | Route::AccessToken(_) => verify_jwt(parts, t),
+            Route::ListRuns(repo) | Route::ListJobs(repo, _) => {
+                authorize(&state, sim, parts, repo, ("actions", "read"))
+            }
+            Route::RegistrationToken(repo) => {
+                authorize(&state, sim, parts, repo, ("administration", "write"))
+            }
+        };
+        if let Err(reply) = authenticated {
+            return Served::Answer(
+                reply
+                    .rate(BUDGET_LIMIT, window.used, window.reset_s())
+                    .into_response(),
+            );
+        }
+        if window.used >= BUDGET_LIMIT {
+            // Spent for real (not injected): the world records it like a fault, so the
+            // checker excuses what it holds back, until the window resets.
+            let reset_s = window.reset_s();
+            sim.faults.exhausted.insert(billing.holder.clone(), reset_s);
+            let reply = exhausted(&billing, reset_s);
+            let e = PortError::new(
+                ErrorClass::RateLimited,
+                format!("{}: budget of {} spent", billing.what, billing.holder),
+            );
+            sim.record_fault(&billing.scope, Service::GitHub, &e);
+            return Served::Answer(reply.into_response());
+        }
+        let asked = parts
+            .headers
+            .get(http::header::IF_NONE_MATCH)
+            .and_then(|v| v.to_str().ok());
+        // A listing whose ETag the client sent is not sent again (a cut-off body is a 200
+        // whatever the client has cached).
+        let not_modified = |etag: &str| !malformed && asked == Some(etag);
+        let listed = |etag: String, link: Option<String>, render: &dyn Fn() -> String| {
+            if not_modified(&etag) {
+                return Err(etag);
+            }
+            let reply = Reply::json(StatusCode::OK, render()).header("etag", etag);
+            Ok(match link {
+                Some(link) => reply.header("link", link),
+                None => reply,
+            })
+        };
+        let answered = match &route {
+            Route::RepoInstallation(repo) => Ok(match installations.get(repo.owner()) {
+                Some(id) => Reply::json(
+                    StatusCode::OK,
+                    installation_json(repo.owner(), *id).to_string(),
+                ),
+                None => Reply::not_found(),
+            }),
+            Route::AccessToken(installation) => {
+                let (permission, level) = token_request.expect("set for this route");
+                state.tokens_issued += 1;
+                let token = format!("ghs_simulated{:08}{installation}", state.tokens_issued);
+                let expires_s = t + TOKEN_LIFETIME_S;
+                state.tokens.insert(
+                    token.clone(),
+                    Grant {
+                        repo: billing.repo.clone(),
+                        permission: permission.clone(),
+                        level: level.clone(),
+                        expires_s,
+                    },
+                );
+                let id = repo_id(sim, &billing.repo);
+                let body =
+                    access_token_json(&token, expires_s, &permission, &level, &billing.repo, id);
+                Ok(Reply::json(StatusCode::CREATED, body.to_string()))
+            }
+            Route::ListRuns(repo) => {
+                let page = runs_page(sim, repo, &query);
+                listed(page.etag.clone(), page.link.clone(), &|| render_runs(&page))
+            }
+            Route::ListJobs(repo, run) => match jobs_page(sim, repo, *run, &query) {
+                Some((run, page)) => listed(page.etag.clone(), page.link.clone(), &|| {
+                    render_jobs(run, &page)
+                }),
+                None => Ok(Reply::not_found()),
+            },
+            Route::RegistrationToken(_) => {
+                let token = sim.mint_canary();
+                let body = json!({
+                    "token": secrecy::ExposeSecret::expose_secret(&token.0),
+                    "expires_at": DateTime::from_timestamp(EPOCH_UNIX + (t + TOKEN_LIFETIME_S) as i64, 0)
+                        .expect("simulated time is in range")
+                        .to_rfc3339_opts(SecondsFormat::Millis, true),
+                });
+                Ok(Reply::json(StatusCode::CREATED, body.to_string()))
+            }
+        };
+        let mut reply = match answered {
+            Ok(reply) => reply,
+            Err(etag) => {
+                sim.requests.github_not_modified += 1;
+                return Served::Answer(
+                    Reply {
+                        status: StatusCode::NOT_MODIFIED,
+                        headers: Vec::new(),
+                        body: String::new(),
+                    }
+                    .header("etag", etag)
+                    .rate(BUDGET_LIMIT, window.used, window.reset_s())
+                    .into_response(),
+                );
+            }
+        };
+        let window = state.window(&billing.holder, t);
+        window.used += 1;
+        let window = *window;
+        sim.requests.github_primary += 1;
+        *sim.requests
+            .github_primary_by_repo
+            .entry(billing.repo.to_string())
+            .or_default() += 1;
+        if window.used >= BUDGET_LIMIT {
+            // The client pauses on `remaining: 0`; the world agrees the budget is out.
+            sim.faults
+                .exhausted
+                .insert(billing.holder.clone(), window.reset_s());
+        }
+        if malformed {
+            let mut cut = reply.body.len() / 2;
+            while !reply.body.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            reply.body.truncate(cut);
+        }
+        Served::Answer(
+            reply
+                .rate(BUDGET_LIMIT, window.used, window.reset_s())
+                .into_response(),
+        )
+    }
+}
+
+fn app_billing(repo: RepoName, scope: Scope, what: &'static str) -> Billing {
+    Billing {
+        holder: APP_BUDGET.to_string(),
+        scope,
+        repo,
+        what,
+        exceeded: format!("API rate limit exceeded for app ID {TEST_APP_ID}."),
+    }
+}
+
+fn repo_billing(
+    config: &RepoConfig,
+    installations: &BTreeMap<String, u64>,
+    scope: Scope,
+    what: &'static str,
+) -> Billing {
+    let exceeded = match installations.get(config.repo.owner()) {
+        Some(id) if matches!(config.mode, Mode::App) => {
+            format!("API rate limit exceeded for installation ID {id}.")
+        }
+        _ => "API rate limit exceeded for user ID 1.".to_string(),
+    };
+    Billing {
+        holder: budget_of(config),
+        scope,
+        repo: config.repo.clone(),
+        what,
+        exceeded,
+    }
+}
+
+/// GitHub's primary-limit refusal: 403 with `x-ratelimit-remaining: 0` until `reset_s`.
+fn exhausted(billing: &Billing, reset_s: u64) -> Reply {
+    Reply::error(StatusCode::FORBIDDEN, &billing.exceeded, DOCS_RATE_LIMITS).rate(
+        BUDGET_LIMIT,
+        BUDGET_LIMIT,
+        reset_s,
+    )
+}
+
+/// The token of a repo request: an unexpired installation token minted for this repo and
+/// permission (`app`), or the polling token Vault holds for the repo (`vault`).
+fn authorize(
+    state: &HttpState,
+    sim: &Sim,
+    parts: &Parts,
+    repo: &RepoName,
+    (permission, level): (&str, &str),
+) -> Result<(), Reply> {
+    let bad = || Reply::error(StatusCode::UNAUTHORIZED, "Bad credentials", DOCS_REST);
+    let token = bearer(parts).ok_or_else(bad)?;
+    let config = sim.config.repos.get(repo).ok_or_else(Reply::not_found)?;
+    match &config.mode {
+        Mode::Vault { vault_path, .. } => {
+            if token != polling_token(vault_path) {
+                return Err(bad());
+            }
+            // A polling token reads; it administers nothing.
+            if permission != "actions" {
+                return Err(Reply::error(
+                    StatusCode::FORBIDDEN,
+                    "Resource not accessible by personal access token",
+                    DOCS_REST,
+                ));
+            }
+            Ok(())
+        }
+        Mode::App => {
+            let grant = state
+                .tokens
+                .get(token)
+                .filter(|g| g.expires_s > sim.t)
+                .ok_or_else(bad)?;
+            if grant.repo != *repo {
+                return Err(Reply::not_found());
+            }
+            if !grant.allows(permission, level) {
+                return Err(Reply::error(
+                    StatusCode::FORBIDDEN,
+                    "Resource not accessible by integration",
+                    DOCS_REST,
+                )
+                .header(
+                    "x-accepted-github-permissions",
+                    format!("{permission}={level}"),
+                ));
+            }
+            Ok(())
+        }
+        Mode::Forgejo { .. } => Err(Reply::not_found()),
+    }
+}
+
+fn installation_json(owner: &str, id: u64) -> Value {
+    let mut value = TEMPLATES.installation.clone();
+    value["id"] = json!(id);
+    value["account"]["login"] = json!(owner);
+    value["account"]["url"] = json!(format!("{API_URL}/users/{owner}"));
+    value["account"]["html_url"] = json!(format!("https://github.com/{owner}"));
+    value["access_tokens_url"] = json!(format!("{API_URL}/app/installations/{id}/access_tokens"));
+    value["app_id"] = json!(TEST_APP_ID.parse::<u64>().unwrap_or(1));
+    value["target_id"] = json!(id);
+    value["permissions"] =
+        json!({ "actions": "read", "administration": "write", "metadata": "read" });
+    value["repository_selection"] = json!("all");
+    value
+}
+
+fn access_token_json(
+    token: &str,
+    expires_s: u64,
+    permission: &str,
+    level: &str,
+    repo: &RepoName,
+    repo_id: u64,
+) -> Value {
+    let mut repository = TEMPLATES.token_repository.clone();
+    repository["id"] = json!(repo_id);
+    repository["name"] = json!(repo.name());
+    repository["full_name"] = json!(repo.to_string());
+    repository["owner"]["login"] = json!(repo.owner());
+    let mut body = TEMPLATES.access_token.clone();
+    body["token"] = json!(token);
+    body["expires_at"] = json!(timestamp(expires_s as i64));
+    body["permissions"] = json!({ permission: level });
+    body["repository_selection"] = json!("selected");
+    body["repositories"] = json!([repository]);
+    body
+}
+
+/// A run as the API shows it: in progress once one of its jobs is, queued while one waits.
+struct RunView {
+    id: u64,
+    status: &'static str,
+    created_s: i64,
+}
+
+/// A job as the API shows it.
+struct JobView {
+    id: u64,
+    in_progress: bool,
+    created_s: i64,
+    runner: Option<String>,
+    labels: Vec<String>,
+}
+
+/// One page of a listing: what it shows, and its ETag. The ETag is a digest of everything
+/// the body is made from, so the body is only rendered when it is sent.
+struct Page<T> {
+    repo: RepoName,
+    total: usize,
+    items: Vec<T>,
+    link: Option<String>,
+    etag: String,
+}
+
+fn runs_of(sim: &Sim, repo: &RepoName) -> Vec<RunView> {
+    let mut runs: BTreeMap<u64, RunView> = BTreeMap::new();
+    for job in sim
+        .world
+        .jobs
+        .values()
+        .filter(|j| j.repo == *repo && j.forge == ForgeKind::GitHub)
+    {
+        let status = match job.visible {
+            Visible::Hidden => continue,
+            Visible::Queued => "queued",
+            Visible::Running(_) => "in_progress",
+        };
+        let run = runs.entry(job.run).or_insert(RunView {
+            id: job.run,
+            status,
+            created_s: job.queued_at_s,
+        });
+        if status == "in_progress" {
+            run.status = status;
+        }
+        run.created_s = run.created_s.min(job.queued_at_s);
+    }
+    // Newest first, as GitHub lists them.
+    runs.into_values().rev().collect()
+}
+
+fn digest(parts: impl IntoIterator<Item = String>) -> String {
+    let hash = parts
+        .into_iter()
+        .fold(0, |hash, part| super::trace::fnv1a(hash, part.as_bytes()));
+    format!("W/\"{hash:016x}\"")
+}
+
+fn runs_page(sim: &Sim, repo: &RepoName, query: &Query) -> Page<RunView> {
+    let wanted = query.get("status");
+    let mut runs: Vec<RunView> = runs_of(sim, repo)
+        .into_iter()
+        .filter(|r| wanted.is_none_or(|w| w == r.status))
+        .collect();
+    let total = runs.len();
+    let base = format!("{API_URL}/repositories/{}/actions/runs", repo_id(sim, repo));
+    let (range, link) = query.page(total, &base);
+    let items: Vec<RunView> = runs.drain(range).collect();
+    let etag = digest(
+        [format!("runs {repo} {total} {link:?}")].into_iter().chain(
+            items
+                .iter()
+                .map(|r| format!("{} {} {};", r.id, r.status, r.created_s)),
+        ),
+    );
+    Page {
+        repo: repo.clone(),
+        total,
+        items,
+        link,
+        etag,
+    }
+}
+
+fn render_runs(page: &Page<RunView>) -> String {
+    let repo = &page.repo;
+    let mut body = format!("{{\"total_count\":{},\"workflow_runs\":[", page.total);
+    for (i, run) in page.items.iter().enumerate() {
+        if i > 0 {
+            body.push(',');
+        }
+        let url = format!("{API_URL}/repos/{repo}/actions/runs/{}", run.id);
+        let created = timestamp(run.created_s);
+        body.push_str(&format!(
+            "{{\"id\":{id},\"run_number\":{id},\"run_attempt\":1,\"status\":\"{status}\",\"conclusion\":null,\
+             \"created_at\":\"{created}\",\"updated_at\":\"{created}\",\"run_started_at\":\"{created}\",\
+             \"url\":\"{url}\",\"html_url\":\"https://github.com/{repo}/actions/runs/{id}\",\
+             \"jobs_url\":\"{url}/jobs\",{rest}}}",
+            id = run.id,
+            status = run.status,
+            rest = TEMPLATES.run_rest,
+        ));
+    }
+    body.push_str("]}");
+    body
+}
+
+/// The jobs of run `run`, or `None` when the run is gone.
+fn jobs_page(sim: &Sim, repo: &RepoName, run: u64, query: &Query) -> Option<(u64, Page<JobView>)> {
+    let mut exists = false;
+    let mut jobs = Vec::new();
+    for (id, job) in sim
+        .world
+        .jobs
+        .iter()
+        .filter(|(_, j)| j.repo == *repo && j.forge == ForgeKind::GitHub && j.run == run)
+    {
+        exists = true;
+        // Jobs still waiting on `needs:` (or not shown yet) are not listed.
+        let (in_progress, runner) = match &job.visible {
+            Visible::Hidden => continue,
+            Visible::Queued => (false, None),
+            Visible::Running(runner) => (true, Some(runner.0.clone())),
+        };
+        jobs.push(JobView {
+            id: *id,
+            in_progress,
+            created_s: job.queued_at_s,
+            runner,
+            labels: job.raw_labels.clone(),
+        });
+    }
+    if !exists {
+        return None;
+    }
+    let total = jobs.len();
+    let base = format!(
+        "{API_URL}/repositories/{}/actions/runs/{run}/jobs",
+        repo_id(sim, repo)
+    );
+    let (range, link) = query.page(total, &base);
+    let items: Vec<JobView> = jobs.drain(range).collect();
+    let etag = digest(
+        [format!("jobs {repo} {run} {total} {link:?}")]
+            .into_iter()
+            .chain(items.iter().map(|j| {
+                format!(
+                    "{} {} {} {:?} {:?};",
+                    j.id, j.in_progress, j.created_s, j.runner, j.labels
+                )
+            })),
+    );
+    Some((
+        run,
+        Page {
+            repo: repo.clone(),
+            total,
+            items,
+            link,
+            etag,
+        },
+    ))
+}
+
+fn render_jobs(run: u64, page: &Page<JobView>) -> String {
+    let repo = &page.repo;
+    let mut body = format!("{{\"total_count\":{},\"jobs\":[", page.total);
+    for (i, job) in page.items.iter().enumerate() {
+        if i > 0 {
+            body.push(',');
+        }
+        let created = timestamp(job.created_s);
+        let (status, started, runner) = match &job.runner {
+            Some(runner) if job.in_progress => (
+                "in_progress",
+                format!("\"{created}\""),
+                serde_json::to_string(runner).expect("a string serialises"),
+            ),
+            _ => ("queued", "null".to_string(), "null".to_string()),
+        };
+        let labels = serde_json::to_string(&job.labels).expect("strings serialise");
+        body.push_str(&format!(
+            "{{\"id\":{id},\"run_id\":{run},\"run_url\":\"{API_URL}/repos/{repo}/actions/runs/{run}\",\
+             \"url\":\"{API_URL}/repos/{repo}/actions/jobs/{id}\",\
+             \"html_url\":\"https://github.com/{repo}/actions/runs/{run}/job/{id}\",\
+             \"status\":\"{status}\",\"conclusion\":null,\"created_at\":\"{created}\",\
+             \"started_at\":{started},\"completed_at\":null,\"steps\":[],\"labels\":{labels},\
+             \"runner_id\":null,\"runner_name\":{runner},\"runner_group_id\":null,\
+             \"runner_group_name\":null,{rest}}}",
+            id = job.id,
+            rest = TEMPLATES.job_rest,
+        ));
+    }
+    body.push_str("]}");
+    body
+}
+
+impl tower::Service<http::Request<OctoBody>> for GitHubHttp {
+    type Response = Response<String>;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<String>, io::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), io::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<OctoBody>) -> Self::Future {
+        let (parts, body) = request.into_parts();
+        // octocrab's request bodies are whole strings in memory: complete at the first poll.
+        let body = body
+            .collect()
+            .now_or_never()
+            .and_then(Result::ok)
+            .map(|collected| collected.to_bytes())
+            .unwrap_or_default();
+        match self.serve(&parts, &body) {
+            Served::Answer(response) => Box::pin(futures::future::ready(Ok(response))),
+            Served::Reset => Box::pin(futures::future::ready(Err(io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                "connection reset by peer",
+            )))),
+            Served::Hang => Box::pin(futures::future::pending()),
+        }
+    }
+}
+
+/// Vault as the `vault` repos' polling tokens see it: a fixed fake token, and a transient
+/// failure while the seed has Vault out (recorded against the queues of the repos whose
+/// token lives at that path).
+pub struct SimSecrets(pub Shared);
+
+#[async_trait]
+impl SecretSource for SimSecrets {
+    async fn read_field(&self, path: &str, field: &str) -> Result<SecretString, PortError> {
+        let mut sim = lock(&self.0);
+        if sim.options.outage_at(Service::Vault, sim.t).is_some() {
+            let e = PortError::new(
+                ErrorClass::Transient,
+                format!("read secret/data/{path}: 503 Vault is sealed"),
+            );
+            let scopes: Vec<Scope> = sim
+                .config
+                .repos
+                .values()
+                .filter(|r| matches!(&r.mode, Mode::Vault { vault_path, .. } if vault_path == path))
+                .map(|r| Scope::Queue(r.repo.clone()))
+                .collect();
+            for scope in &scopes {
+                sim.record_fault(scope, Service::Vault, &e);
+            }
+            sim.faults.injected_total += 1;
+            return Err(e);
+        }
+        if field != POLLING_TOKEN_FIELD {
+            return Err(PortError::new(
+                ErrorClass::NotFound,
+                format!("read secret/data/{path}: no field {field:?}"),
+            ));
+        }
+        Ok(SecretString::from(polling_token(path)))
+    }
+}
+
+/// The GitHub forge of the seeded world: the real client over [`GitHubHttp`]. The client is
+/// built at its first call, inside the runtime that drives the ticks (octocrab spawns its
+/// buffer worker there).
+pub struct GitHubForge {
+    shared: Shared,
+    http: GitHubHttp,
+    conditional_requests: bool,
+    client: OnceLock<GitHub>,
+}
+
+/// Marks a mint in flight for as long as it lives, however the mint ends.
+struct Minting<'a>(&'a GitHubHttp);
+
+impl<'a> Minting<'a> {
+    fn start(http: &'a GitHubHttp) -> Minting<'a> {
+        http.state().minting += 1;
+        Minting(http)
+    }
+}
+
+impl Drop for Minting<'_> {
+    fn drop(&mut self) {
+        self.0.state().minting -= 1;
+    }
+}
+
+impl GitHubForge {
+    pub fn new(shared: &Shared, conditional_requests: bool) -> GitHubForge {
+        GitHubForge {
+            shared: shared.clone(),
+            http: GitHubHttp::new(shared),
+            conditional_requests,
+            client: OnceLock::new(),
+        }
+    }
+
+    /// The service the client talks to.
+    pub fn http(&self) -> &GitHubHttp {
+        &self.http
+    }
+
+    /// The real client, built on first use (inside a tokio runtime).
+    pub fn client(&self) -> &GitHub {
+        self.client.get_or_init(|| {
+            let settings = GitHubSettings {
+                api_url: url::Url::parse(API_URL).expect("a valid URL"),
+                app: Some(AppCredentials {
+                    app_id: TEST_APP_ID.into(),
+                    private_key: SecretString::from(APP_PRIVATE_KEY_PEM),
+                    installation_id: None,
+                }),
+                request_timeout: REQUEST_TIMEOUT,
+            };
+            let clock = self.shared.clone();
+            let client = GitHub::over_service(
+                settings,
+                self.http.clone(),
+                Arc::new(SimSecrets(self.shared.clone())),
+            )
+            .expect("the test App key is valid")
+            .with_clock(Arc::new(move || virtual_now(lock(&clock).t)));
+            if self.conditional_requests {
+                client
+            } else {
+                client.without_conditional_requests()
+            }
+        })
+    }
+
+    /// The client refuses on its own, without a request, while a budget it was told about is
+    /// spent. That holds a scope back as a fault does, when the world agrees the budget is
+    /// out; a refusal the world does not justify is left for the invariants to catch.
+    fn held_back(&self, scope: Scope, repo: &RepoConfig, result: &Result<impl Sized, PortError>) {
+        let Err(e) = result else { return };
+        if e.class != ErrorClass::RateLimited {
+            return;
+        }
+        let mut sim = lock(&self.shared);
+        let t = sim.t;
+        let mut holders = vec![budget_of(repo)];
+        if matches!(repo.mode, Mode::App) {
+            holders.push(APP_BUDGET.to_string());
+        }
+        let spent = holders
+            .iter()
+            .any(|h| sim.faults.exhausted.get(h).is_some_and(|reset| *reset > t));
+        if spent && !sim.faults.injected_now.contains(&scope) {
+            sim.record_fault(&scope, Service::GitHub, e);
+        }
+    }
+}
+
+#[async_trait]
+impl QueueSource for GitHubForge {
+    async fn list_jobs(&self, repo: &RepoConfig) -> Result<RepoJobs, PortError> {
+        let result = self.client().list_jobs(repo).await;
+        self.held_back(Scope::Queue(repo.repo.clone()), repo, &result);
+        result
+    }
+}
+
+#[async_trait]
+impl Registrar for GitHubForge {
+    async fn mint(&self, repo: &RepoConfig) -> Result<Option<RegistrationToken>, PortError> {
+        let result = {
+            let _minting = Minting::start(&self.http);
+            self.client().mint(repo).await
+        };
+        self.held_back(Scope::Mint(repo.repo.clone()), repo, &result);
+        result
+    }
+
+    fn repo_url(&self, repo: &RepoConfig) -> String {
+        repo_url(repo)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    use super::super::options::Outage;
+    use super::super::ports::CANARY;
+    use super::super::scenarios::Scenario;
+    use super::super::trace::Trace;
+    use super::super::world::World;
+    use super::*;
+    use crate::config::{ConfigDefaults, parse_document};
+    use crate::observe::JobState;
+
+    const APP_REPO: &str = "afreidah/munchbox";
+    const VAULT_REPO: &str = "ev-the-dev/moat";
+
+    /// A world without random faults, with work queued on every repo and the status lag
+    /// caught up.
+    fn quiet_world() -> Shared {
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut options = Scenario::Steady.options(&mut rng);
+        options.faults = BTreeMap::new();
+        options.outages.clear();
+        options.burst_runs = 12;
+        options.stale_jobs = 0;
+        options.cancel_per_s = 0.0;
+        options.runs_per_hour = 0.0;
+        let config = parse_document(options.document().as_bytes(), &ConfigDefaults::default())
+            .expect("a valid document");
+        let repo_urls = config
+            .repos
+            .values()
+            .map(|r| (repo_url(r), r.repo.clone()))
+            .collect();
+        let world = World::new(&options, repo_urls);
+        let sim = Sim::new(
+            options,
+            config,
+            world,
+            StdRng::seed_from_u64(8),
+            Trace::new(false),
+        );
+        let shared = Arc::new(Mutex::new(sim));
+        for t in 0..=5 {
+            lock(&shared).advance(t);
+        }
+        shared
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .expect("a runtime")
+    }
+
+    fn repo(shared: &Shared, name: &str) -> RepoConfig {
+        let name = RepoName::parse(name).expect("a repo name");
+        lock(shared).config.repos[&name].clone()
+    }
+
+    /// The jobs the world shows for `repo`: (id, queued?, runner).
+    fn shown(shared: &Shared, repo: &RepoName) -> BTreeSet<(u64, bool, Option<String>)> {
+        lock(shared)
+            .world
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.repo == *repo)
+            .filter_map(|(id, j)| match &j.visible {
+                Visible::Hidden => None,
+                Visible::Queued => Some((*id, true, None)),
+                Visible::Running(r) => Some((*id, false, Some(r.0.clone()))),
+            })
+            .collect()
+    }
+
+    fn listed(jobs: &RepoJobs) -> BTreeSet<(u64, bool, Option<String>)> {
+        jobs.jobs
+            .iter()
+            .map(|j| match &j.state {
+                JobState::InProgress { runner } => {
+                    (j.id, false, runner.as_ref().map(|r| r.0.clone()))
+                }
+                _ => (j.id, true, None),
+            })
+            .collect()
+    }
+
+    fn billed(shared: &Shared) -> (u64, u64) {
+        let sim = lock(shared);
+        (
+            sim.requests.github_primary,
+            sim.requests.github_not_modified,
+        )
+    }
+
+    #[test]
+    fn an_unchanged_listing_is_answered_not_modified_and_spends_nothing() {
+        let shared = quiet_world();
+        let forge = GitHubForge::new(&shared, true);
+        runtime().block_on(async {
+            for name in [APP_REPO, VAULT_REPO] {
+                let repo = repo(&shared, name);
+                let first = forge.list_jobs(&repo).await.expect("listed");
+                assert!(!first.jobs.is_empty(), "{name}: the burst queued work here");
+                assert_eq!(listed(&first), shown(&shared, &repo.repo), "{name}");
+                let (spent, not_modified) = billed(&shared);
+                let second = forge.list_jobs(&repo).await.expect("listed again");
+                assert_eq!(listed(&second), listed(&first), "{name}");
+                let (spent_after, not_modified_after) = billed(&shared);
+                assert_eq!(spent_after, spent, "{name}: a 304 is free");
+                // Two run listings (queued, in progress) and one job listing per run.
+                assert!(not_modified_after >= not_modified + 3, "{name}");
+            }
+        });
+        let sim = lock(&shared);
+        assert_eq!(
+            sim.requests.github_primary,
+            sim.requests.github_primary_by_repo.values().sum::<u64>()
+        );
+    }
+
+    #[test]
+    fn without_conditional_requests_every_listing_is_billed() {
+        let shared = quiet_world();
+        let forge = GitHubForge::new(&shared, false);
+        runtime().block_on(async {
+            let repo = repo(&shared, VAULT_REPO);
+            forge.list_jobs(&repo).await.expect("listed");
+            let (spent, _) = billed(&shared);
+            let requests = forge.http().requests();
+            forge.list_jobs(&repo).await.expect("listed again");
+            let (spent_after, not_modified) = billed(&shared);
+            assert_eq!(spent_after - spent, forge.http().requests() - requests);
+            assert!(spent_after >= spent + 3);
+            assert_eq!(not_modified, 0);
+        });
+    }
+
+    #[test]
+    fn a_spent_budget_answers_403_and_pauses_the_holder_in_the_client() {
+        let shared = quiet_world();
+        let forge = GitHubForge::new(&shared, true);
+        let repo = repo(&shared, APP_REPO);
+        let holder = budget_of(&repo);
+        runtime().block_on(async {
+            forge.list_jobs(&repo).await.expect("listed");
+            forge.http().spend(&holder, BUDGET_LIMIT);
+            let e = forge
+                .list_jobs(&repo)
+                .await
+                .expect_err("the budget is spent");
+            assert_eq!(e.class, ErrorClass::RateLimited, "{}", e.message);
+            assert!(e.message.contains("installation ID"), "{}", e.message);
+            // The window began at t=5 with the first request; now is t=5.
+            assert_eq!(e.retry_after_s, Some(BUDGET_WINDOW_S));
+            let reset = virtual_now(5 + BUDGET_WINDOW_S);
+            assert_eq!(forge.client().paused_until(&repo), Some(reset));
+            // Paused: the client refuses without asking, and the world excuses the hold.
+            let requests = forge.http().requests();
+            let again = forge.list_jobs(&repo).await.expect_err("still paused");
+            assert_eq!(again.class, ErrorClass::RateLimited);
+            assert_eq!(forge.http().requests(), requests);
+            {
+                let sim = lock(&shared);
+                assert_eq!(
+                    sim.faults.exhausted.get(&holder),
+                    Some(&(5 + BUDGET_WINDOW_S))
+                );
+                assert!(
+                    sim.faults
+                        .failing
+                        .contains(&Scope::Queue(repo.repo.clone()))
+                );
+            }
+            // A new window: listed again, and the failure is over.
+            lock(&shared).t = 5 + BUDGET_WINDOW_S;
+            forge.list_jobs(&repo).await.expect("a new window");
+            assert!(
+                !lock(&shared)
+                    .faults
+                    .failing
+                    .contains(&Scope::Queue(repo.repo.clone()))
+            );
+        });
+    }
+
+    #[test]
+    fn an_injected_exhaustion_reaches_the_client_through_the_headers() {
+        let shared = quiet_world();
+        let forge = GitHubForge::new(&shared, true);
+        let repo = repo(&shared, VAULT_REPO);
+        lock(&shared)
+            .faults
+            .exhausted
+            .insert(budget_of(&repo), 5 + 120);
+        runtime().block_on(async {
+            let e = forge.list_jobs(&repo).await.expect_err("exhausted");
+            assert_eq!(
+                (e.class, e.retry_after_s),
+                (ErrorClass::RateLimited, Some(120)),
+                "{}",
+                e.message
+            );
+            assert_eq!(forge.client().paused_until(&repo), Some(virtual_now(125)));
+        });
+        assert_eq!(lock(&shared).requests.github_primary, 0);
+    }
+
+    #[test]
+    fn a_vault_outage_fails_the_polling_token_read_and_is_recorded() {
+        let shared = quiet_world();
+        lock(&shared).options.outages.push(Outage {
+            service: Service::Vault,
+            start_s: 0,
+            end_s: 60,
+        });
+        let forge = GitHubForge::new(&shared, true);
+        let repo = repo(&shared, VAULT_REPO);
+        runtime().block_on(async {
+            let e = forge.list_jobs(&repo).await.expect_err("Vault is out");
+            assert_eq!(e.class, ErrorClass::Transient, "{}", e.message);
+            assert_eq!(forge.http().requests(), 0);
+            assert!(
+                lock(&shared)
+                    .faults
+                    .failing
+                    .contains(&Scope::Queue(repo.repo.clone()))
+            );
+            lock(&shared).t = 60;
+            forge.list_jobs(&repo).await.expect("Vault is back");
+        });
+    }
+
+    #[test]
+    fn transient_faults_fail_each_call_as_transient_timeouts_included() {
+        let shared = quiet_world();
+        lock(&shared).options.faults.insert(
+            Service::GitHub,
+            super::super::options::FaultRates {
+                transient: 1.0,
+                ..Default::default()
+            },
+        );
+        let forge = GitHubForge::new(&shared, true);
+        let repo = repo(&shared, VAULT_REPO);
+        runtime().block_on(async {
+            let mut messages = Vec::new();
+            for _ in 0..12 {
+                let e = forge.list_jobs(&repo).await.expect_err("faulted");
+                assert_eq!(e.class, ErrorClass::Transient, "{}", e.message);
+                messages.push(e.message);
+            }
+            // Each kind came up: a 502, a reset connection, no answer at all (the client's
+            // timeout ends the wait on the paused clock).
+            for kind in ["502 Bad Gateway", "connection reset", "timed out after 10s"] {
+                assert!(
+                    messages.iter().any(|m| m.contains(kind)),
+                    "{kind}: {messages:#?}"
+                );
+            }
+        });
+        let sim = lock(&shared);
+        assert!(
+            sim.faults
+                .failing
+                .contains(&Scope::Queue(repo.repo.clone()))
+        );
+        assert_eq!(sim.faults.injected_total, 12);
+        assert_eq!(sim.requests.github_primary, 0);
+    }
+
+    #[test]
+    fn app_repos_mint_canary_tokens_and_vault_repos_mint_nothing() {
+        let shared = quiet_world();
+        let forge = GitHubForge::new(&shared, true);
+        let app = repo(&shared, APP_REPO);
+        let vault = repo(&shared, VAULT_REPO);
+        runtime().block_on(async {
+            let token = forge.mint(&app).await.expect("minted").expect("a token");
+            assert!(secrecy::ExposeSecret::expose_secret(&token.0).starts_with(CANARY));
+            assert!(forge.mint(&vault).await.expect("nothing to mint").is_none());
+            assert_eq!(forge.client().repo_url(&app), forge.repo_url(&app));
+        });
+    }
+
+    #[test]
+    fn listed_runs_and_jobs_have_the_documented_fields() {
+        let keys = |value: &Value| -> BTreeSet<String> {
+            value
+                .as_object()
+                .expect("an object")
+                .keys()
+                .cloned()
+                .collect()
+        };
+        let fixture_runs: Value = serde_json::from_str(include_str!(
+            "../../../tests/fixtures/github/list-workflow-runs-for-repo.response.json"
+        ))
+        .expect("JSON");
+        let fixture_jobs: Value = serde_json::from_str(include_str!(
+            "../../../tests/fixtures/github/list-jobs-for-workflow-run.response.json"
+        ))
+        .expect("JSON");
+        let repo = RepoName::parse(APP_REPO).expect("a name");
+        let runs = Page {
+            repo: repo.clone(),
+            total: 1,
+            items: vec![RunView {
+                id: 5,
+                status: "queued",
+                created_s: -30,
+            }],
+            link: None,
+            etag: String::new(),
+        };
+        let rendered: Value = serde_json::from_str(&render_runs(&runs)).expect("JSON");
+        assert_eq!(keys(&rendered), keys(&fixture_runs));
+        assert_eq!(
+            keys(&rendered["workflow_runs"][0]),
+            keys(&fixture_runs["workflow_runs"][0])
+        );
+        let jobs = Page {
+            repo,
+            total: 1,
+            items: vec![JobView {
+                id: 6,
+                in_progress: true,
+                created_s: 10,
+                runner: Some("ci-runner-1".into()),
+                labels: vec!["self-hosted".into()],
+            }],
+            link: None,
+            etag: String::new(),
+        };
+        let rendered: Value = serde_json::from_str(&render_jobs(5, &jobs)).expect("JSON");
+        let mut documented = keys(&fixture_jobs["jobs"][0]);
+        // Required by the schema, absent from the documentation's example.
+        documented.insert("created_at".into());
+        assert_eq!(keys(&rendered["jobs"][0]), documented);
+        assert_eq!(rendered["jobs"][0]["runner_name"], "ci-runner-1");
+    }
+
+    #[test]
+    fn pages_link_to_the_next_and_last_page() {
+        let query = Query::parse(Some("status=queued&per_page=2&page=2"));
+        let (range, link) = query.page(5, "https://api.github.com/repositories/1/actions/runs");
+        assert_eq!(range, 2..4);
+        let link = link.expect("more pages");
+        assert!(
+            link.contains("<https://api.github.com/repositories/1/actions/runs?status=queued&per_page=2&page=3>; rel=\"next\""),
+            "{link}"
+        );
+        assert!(link.contains("page=3>; rel=\"last\""), "{link}");
+        assert_eq!(Query::parse(Some("per_page=100")).page(5, "x").1, None);
+    }
+}
