@@ -201,7 +201,8 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
         .values()
         .map(|r| (ports::repo_url(r), r.repo.clone()))
         .collect();
-    let mut world = World::new(&options, repo_urls);
+    let arrivals_rng = StdRng::seed_from_u64(rng.next_u64());
+    let mut world = World::new(&options, repo_urls).with_arrivals(arrivals_rng);
     world.add_foreign_child("ci-runner");
     let loop_settings = LoopSettings {
         poll_interval: std::time::Duration::from_secs(options.poll_interval_s),

@@ -14,9 +14,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use rand::Rng;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
+use rand::{Rng, SeedableRng};
 
 use super::options::{ForgeKind, Options};
 use super::trace::Trace;
@@ -115,6 +115,24 @@ pub struct SimChild {
 struct RunTemplate {
     repo: usize,
     jobs: Vec<(Vec<&'static str>, Option<usize>)>,
+}
+
+/// A new run as a workflow defines it: which repo, its jobs' labels and `needs:`.
+fn draw_run(o: &Options, arrivals: &mut StdRng) -> RunTemplate {
+    let repo = arrivals.random_range(0..o.repos.len());
+    let count = arrivals.random_range(o.jobs_per_run.0..=o.jobs_per_run.1);
+    let jobs = (0..count as usize)
+        .map(|i| {
+            let labels = o.repos[repo]
+                .label_sets
+                .choose(arrivals)
+                .expect("repos have label sets")
+                .clone();
+            let needs = (i > 0 && arrivals.random_bool(o.needs_probability)).then(|| i - 1);
+            (labels, needs)
+        })
+        .collect();
+    RunTemplate { repo, jobs }
 }
 
 /// Counts the invariants are judged by.
@@ -226,6 +244,8 @@ pub struct World {
     pub latencies: Latencies,
     /// Children of ours whose runner never took a job, counted as they are purged.
     pub wasted_purged: u64,
+    /// Draws the runs that arrive (see [`World::advance`]).
+    arrivals: StdRng,
 }
 
 /// Unix time of simulated second 0 (a Monday morning), the base of child ids.
@@ -249,7 +269,14 @@ impl World {
             repo_names,
             latencies: Latencies::default(),
             wasted_purged: 0,
+            arrivals: StdRng::seed_from_u64(0),
         }
+    }
+
+    /// Draws arrivals from `arrivals` (a stream of the run's seed) instead of a fixed one.
+    pub fn with_arrivals(mut self, arrivals: StdRng) -> World {
+        self.arrivals = arrivals;
+        self
     }
 
     fn next_id(&mut self) -> u64 {
@@ -283,15 +310,23 @@ impl World {
 
     /// Moves the world to second `t`.
     pub fn advance(&mut self, t: u64, o: &Options, rng: &mut StdRng, trace: &mut Trace) {
+        // Arrivals come from their own stream, so every strategy of the benchmark meets the
+        // same runs at the same times whatever it does to the rest of the world.
         if t == 0 {
             for _ in 0..o.burst_runs {
-                self.new_run(t, o, rng, trace);
+                let template = draw_run(o, &mut self.arrivals);
+                self.start_run(t, o, template, trace, rng);
             }
             for _ in 0..o.stale_jobs {
-                self.stale_job(o, rng, trace);
+                self.stale_job(o, trace, rng);
             }
-        } else if t < o.arrivals_end_s && rng.random_bool((o.runs_per_hour / 3600.0).min(1.0)) {
-            self.new_run(t, o, rng, trace);
+        } else if t < o.arrivals_end_s
+            && self
+                .arrivals
+                .random_bool((o.runs_per_hour / 3600.0).min(1.0))
+        {
+            let template = draw_run(o, &mut self.arrivals);
+            self.start_run(t, o, template, trace, rng);
         }
         self.cancel_queued(t, o, rng, trace);
         self.place(t, o, rng, trace);
@@ -299,23 +334,6 @@ impl World {
         self.finish_jobs(t, o, rng, trace);
         self.offer_jobs(t, o, rng, trace);
         self.catch_up(t);
-    }
-
-    fn new_run(&mut self, t: u64, o: &Options, rng: &mut StdRng, trace: &mut Trace) {
-        let repo = rng.random_range(0..o.repos.len());
-        let count = rng.random_range(o.jobs_per_run.0..=o.jobs_per_run.1);
-        let jobs = (0..count as usize)
-            .map(|i| {
-                let labels = o.repos[repo]
-                    .label_sets
-                    .choose(rng)
-                    .expect("repos have label sets")
-                    .clone();
-                let needs = (i > 0 && rng.random_bool(o.needs_probability)).then(|| i - 1);
-                (labels, needs)
-            })
-            .collect();
-        self.start_run(t, o, RunTemplate { repo, jobs }, trace, rng);
     }
 
     fn start_run(
@@ -360,11 +378,11 @@ impl World {
     }
 
     /// A job queued almost 24 hours ago: GitHub cancels it during the run unless served.
-    fn stale_job(&mut self, o: &Options, rng: &mut StdRng, trace: &mut Trace) {
+    fn stale_job(&mut self, o: &Options, trace: &mut Trace, rng: &mut StdRng) {
         let github: Vec<usize> = (0..o.repos.len())
             .filter(|i| o.repos[*i].forge == ForgeKind::GitHub)
             .collect();
-        let Some(&repo) = github.choose(rng) else {
+        let Some(&repo) = github.choose(&mut self.arrivals) else {
             return;
         };
         let labels = o.repos[repo].label_sets[0].clone();
@@ -379,7 +397,7 @@ impl World {
             rng,
         );
         let id = self.next_id;
-        let age = QUEUED_JOB_CANCEL_S - rng.random_range(60..=1800);
+        let age = QUEUED_JOB_CANCEL_S - self.arrivals.random_range(60..=1800);
         if let Some(job) = self.jobs.get_mut(&id) {
             job.queued_at_s = -age;
         }

@@ -1,0 +1,81 @@
+//! The benchmark's baselines do what they are there to show, on the same seeds as ours: the
+//! seed poller fills a full cluster with pending children and bills every listing, ephemerd
+//! before its veto destroys runners that are running a job, and ours does neither.
+
+use runner_scaler::sim::seeded::{RunSettings, Scenario, SeedOutcome, Strategy, sweep_outcomes};
+
+fn outcomes(
+    scenario: Scenario,
+    seeds: std::ops::RangeInclusive<u64>,
+    strategy: Strategy,
+) -> Vec<SeedOutcome> {
+    sweep_outcomes(
+        scenario,
+        seeds,
+        2,
+        RunSettings {
+            strategy,
+            ..RunSettings::default()
+        },
+    )
+}
+
+#[test]
+fn the_seed_poller_grows_dispatches_in_a_full_cluster_where_ours_does_not() {
+    let ours = outcomes(Scenario::ClusterFull, 1..=3, Strategy::Ours);
+    let seed = outcomes(Scenario::ClusterFull, 1..=3, Strategy::Seed);
+    for (o, s) in ours.iter().zip(&seed) {
+        assert_eq!(o.seed, s.seed);
+        assert!(o.ok(), "{:?}", o.failure_line());
+        let allowed = |c: &runner_scaler::sim::seeded::world::Counts| {
+            c.jobs + c.failed_starts + c.jobs_cancelled + c.cross_bucket_takes
+        };
+        assert!(o.counts.dispatches <= allowed(&o.counts), "{:?}", o.counts);
+        // Pending children without an allocation are invisible to it, so it dispatches again
+        // every poll while the cluster is full.
+        assert!(
+            s.counts.dispatches > allowed(&s.counts),
+            "seed {}: {:?}",
+            s.seed,
+            s.counts
+        );
+        assert!(s.measured.wasted_dispatches > o.measured.wasted_dispatches);
+        // It also polls without conditional requests, so every listing is billed.
+        assert!(
+            s.measured.requests.github_primary > o.measured.requests.github_primary,
+            "seed {}: {:?} vs ours {:?}",
+            s.seed,
+            s.measured.requests,
+            o.measured.requests
+        );
+    }
+}
+
+#[test]
+fn ephemerd_before_its_veto_destroys_a_busy_runner_where_ours_never_does() {
+    // Seed 9 of `cancellations` is the ephemerd incident: a cancellation shows while a runner
+    // has just taken a job whose `in_progress` has not shown yet; its intent job was taken by a
+    // sibling, so the sweep finds it unbound, discharged and surplus, and destroys it.
+    let pre_veto = outcomes(Scenario::Cancellations, 9..=9, Strategy::EphemerdPreVeto);
+    assert!(
+        pre_veto[0].counts.escaped_busy > 0,
+        "{:?}",
+        pre_veto[0].counts
+    );
+    // Measured, not judged: the baseline's violation (I1) does not fail its run.
+    assert!(pre_veto[0].ok());
+    assert_eq!(
+        pre_veto[0]
+            .measured
+            .first_violation
+            .as_ref()
+            .map(|v| v.invariant),
+        Some("I1")
+    );
+
+    let ours = outcomes(Scenario::Cancellations, 1..=12, Strategy::Ours);
+    for o in &ours {
+        assert!(o.ok(), "{:?}", o.failure_line());
+        assert_eq!(o.counts.escaped_busy, 0, "seed {}", o.seed);
+    }
+}
