@@ -6,6 +6,7 @@
 //! separate stream. Latencies are simulated seconds; request counts are what the services would
 //! bill. Figures are reported, never asserted.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::Serialize;
@@ -78,6 +79,8 @@ pub struct BenchRow {
     pub simulated_hours: f64,
     /// Seeds in which an invariant did not hold at some step (for baselines, informational).
     pub seeds_with_violations: u64,
+    /// Those seeds by the first invariant that did not hold.
+    pub first_violations: BTreeMap<&'static str, u64>,
 }
 
 /// Nearest-rank percentile of `samples` (sorted in place).
@@ -112,6 +115,7 @@ pub fn row(strategy: Strategy, scenario: Scenario, outcomes: &[SeedOutcome]) -> 
         dispatches: 0,
         simulated_hours: 0.0,
         seeds_with_violations: 0,
+        first_violations: BTreeMap::new(),
     };
     let (mut github, mut github_repo_s, mut nomad, mut ticks) = (0u64, 0u64, 0u64, 0u64);
     for o in outcomes {
@@ -124,7 +128,10 @@ pub fn row(strategy: Strategy, scenario: Scenario, outcomes: &[SeedOutcome]) -> 
         row.jobs += o.counts.jobs;
         row.dispatches += o.counts.dispatches;
         row.simulated_hours += o.simulated_s as f64 / 3600.0;
-        row.seeds_with_violations += u64::from(m.first_violation.is_some());
+        if let Some(v) = &m.first_violation {
+            row.seeds_with_violations += 1;
+            *row.first_violations.entry(v.invariant).or_default() += 1;
+        }
         github += m.requests.github_primary;
         github_repo_s += m.github_repos * o.simulated_s;
         nomad += m.requests.nomad;
