@@ -36,6 +36,28 @@ pub struct Services {
 }
 
 impl Services {
+    /// Every port, from one client per service: a GitHub and a Forgejo client (each a queue
+    /// and a registrar) and a Nomad client.
+    pub fn of<G, F, N>(github: Arc<G>, forgejo: Arc<F>, nomad: Arc<N>) -> Services
+    where
+        G: QueueSource + Registrar + 'static,
+        F: QueueSource + Registrar + 'static,
+        N: ChildSource + ChildControl + 'static,
+    {
+        Services {
+            github: Some(Forge {
+                queue: github.clone(),
+                registrar: github,
+            }),
+            forgejo: Some(Forge {
+                queue: forgejo.clone(),
+                registrar: forgejo,
+            }),
+            children: nomad.clone(),
+            control: nomad,
+        }
+    }
+
     pub fn forge(&self, mode: &Mode) -> Option<&Forge> {
         if mode.is_github() {
             self.github.as_ref()

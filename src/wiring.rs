@@ -23,7 +23,7 @@ use crate::clients::nomad::{NomadClient, NomadSettings};
 use crate::clients::vault::{VaultKv, VaultSettings};
 use crate::config::ConfigDefaults;
 use crate::config::watch::{DocumentSource, Fetched, WatchSettings};
-use crate::control_loop::{Controller, Forge, LoopSettings, Services};
+use crate::control_loop::{Controller, LoopSettings, Services};
 use crate::model::ErrorClass;
 use crate::observe::PortError;
 use crate::plan::PlanSettings;
@@ -187,18 +187,7 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
     )?);
     let forgejo = Arc::new(Forgejo::new(secrets, &TlsFiles::default(), timeout)?);
     Ok(Built {
-        services: Services {
-            github: Some(Forge {
-                queue: github.clone(),
-                registrar: github,
-            }),
-            forgejo: Some(Forge {
-                queue: forgejo.clone(),
-                registrar: forgejo,
-            }),
-            children: nomad.clone(),
-            control: nomad,
-        },
+        services: Services::of(github, forgejo, nomad),
         consul,
         loop_settings: LoopSettings {
             poll_interval: args.poll_interval,

@@ -15,7 +15,7 @@ use crate::clients::github::{AppCredentials, GitHub, GitHubSettings};
 use crate::clients::http::TlsFiles;
 use crate::clients::nomad::{NomadClient, NomadSettings};
 use crate::clients::vault::{VaultKv, VaultSettings};
-use crate::control_loop::{Forge, Services};
+use crate::control_loop::Services;
 
 /// Where each twin listens: `http://127.0.0.1:<port>`, as [`crate::sim::twins::TwinServer::base_url`]
 /// gives it.
@@ -95,18 +95,7 @@ impl TwinAddresses {
             credentials.config_key,
         )?;
         Ok(DaemonClients {
-            services: Services {
-                github: Some(Forge {
-                    queue: github.clone(),
-                    registrar: github,
-                }),
-                forgejo: Some(Forge {
-                    queue: forgejo.clone(),
-                    registrar: forgejo,
-                }),
-                children: nomad.clone(),
-                control: nomad,
-            },
+            services: Services::of(github, forgejo, nomad),
             consul,
         })
     }

@@ -31,7 +31,7 @@ use futures::FutureExt;
 use http::request::Parts;
 use http::{HeaderValue, Method, Response, StatusCode};
 use http_body_util::BodyExt;
-use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use jsonwebtoken::DecodingKey;
 use octocrab::OctoBody;
 use secrecy::SecretString;
 use serde_json::{Value, json};
@@ -45,7 +45,7 @@ use crate::config::{Mode, RepoConfig};
 use crate::model::{ErrorClass, RepoName};
 use crate::observe::{PortError, QueueSource, RepoJobs};
 use crate::secrets::SecretSource;
-use crate::sim::twins::github::TEST_APP_ID;
+use crate::sim::twins::github::{JWT_UNDECODABLE, Query, TEST_APP_ID, check_app_jwt};
 
 /// The App's key pair. 1024 bits, not the 2048 GitHub requires: the real client signs a
 /// JWT per App call, and a sweep of thousands of seeds feels every millisecond of RSA.
@@ -70,8 +70,6 @@ pub const APP_BUDGET: &str = "the GitHub App";
 const REPO_ID_BASE: u64 = 70_000;
 /// Ids of installations count from here, one per owner with an `app` repo.
 const INSTALLATION_ID_BASE: u64 = 40_000;
-const JWT_LIFETIME_MAX_S: i64 = 600;
-const JWT_CLOCK_DRIFT_S: i64 = 60;
 
 const DOCS_REST: &str = "https://docs.github.com/rest";
 const DOCS_RATE_LIMITS: &str = "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api";
@@ -349,31 +347,8 @@ impl Reply {
     }
 }
 
-/// The parts of the query the routes read.
-struct Query(Vec<(String, String)>);
-
+// The twin's query type; paging as this service does it is added here.
 impl Query {
-    fn parse(raw: Option<&str>) -> Query {
-        Query(
-            url::form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
-                .map(|(k, v)| (k.into_owned(), v.into_owned()))
-                .collect(),
-        )
-    }
-
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn number(&self, key: &str, default: usize) -> usize {
-        self.get(key)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    }
-
     /// `per_page`/`page` of `total` items: the range shown and GitHub's `Link` header (none
     /// when everything fits on one page).
     fn page(&self, total: usize, link_base: &str) -> (std::ops::Range<usize>, Option<String>) {
@@ -415,51 +390,11 @@ fn bearer(parts: &Parts) -> Option<&str> {
     matches!(scheme.to_ascii_lowercase().as_str(), "bearer" | "token").then(|| token.trim())
 }
 
-#[derive(serde::Deserialize)]
-struct JwtClaims {
-    iss: Value,
-    iat: i64,
-    exp: i64,
-}
-
-/// Checks the App's JWT as GitHub does: RS256 with the App's key, `exp` ahead but at most
-/// ten minutes, `iat` not in the future, `iss` the App, all against virtual time.
+/// Checks the App's JWT as GitHub does, against virtual time.
 fn verify_jwt(parts: &Parts, t: u64) -> Result<(), Reply> {
     let unauthorized = |message: &str| Reply::error(StatusCode::UNAUTHORIZED, message, DOCS_REST);
-    let undecodable = || unauthorized("A JSON web token could not be decoded");
-    let jwt = bearer(parts).ok_or_else(undecodable)?;
-    let mut validation = Validation::new(Algorithm::RS256);
-    validation.validate_exp = false;
-    validation.validate_aud = false;
-    validation.set_required_spec_claims(&["exp"]);
-    let claims = jsonwebtoken::decode::<JwtClaims>(jwt, &APP_KEY, &validation)
-        .map_err(|_| undecodable())?
-        .claims;
-    let now = EPOCH_UNIX + t as i64;
-    if claims.exp <= now {
-        return Err(unauthorized(
-            "'Expiration time' claim ('exp') must be a numeric value representing the future time at which the assertion expires.",
-        ));
-    }
-    if claims.exp > now + JWT_LIFETIME_MAX_S {
-        return Err(unauthorized(
-            "'Expiration time' claim ('exp') is too far in the future",
-        ));
-    }
-    if claims.iat > now + JWT_CLOCK_DRIFT_S {
-        return Err(unauthorized(
-            "'Issued at' claim ('iat') must be an Integer representing the time that the assertion was issued.",
-        ));
-    }
-    let iss = match &claims.iss {
-        Value::Number(n) => n.to_string(),
-        Value::String(s) => s.clone(),
-        _ => return Err(undecodable()),
-    };
-    if iss != TEST_APP_ID {
-        return Err(undecodable());
-    }
-    Ok(())
+    let jwt = bearer(parts).ok_or_else(|| unauthorized(JWT_UNDECODABLE))?;
+    check_app_jwt(jwt, &APP_KEY, TEST_APP_ID, EPOCH_UNIX + t as i64).map_err(unauthorized)
 }
 
 /// Installation ids by owner: one per owner with an `app` repo in the document.

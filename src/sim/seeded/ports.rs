@@ -21,7 +21,7 @@ use super::trace::Trace;
 use super::world::{EPOCH_UNIX, Visible, World};
 use crate::act::{ChildControl, DispatchRequest, Dispatched, Registrar, RegistrationToken};
 use crate::config::{Config, Mode, RepoConfig};
-use crate::control_loop::{Forge, Services};
+use crate::control_loop::Services;
 use crate::model::{ChildId, ErrorClass, RepoName};
 use crate::observe::{
     Child, ChildSource, ChildStatus, ForgeJob, JobState, PortError, QueueSource, RepoJobs,
@@ -558,16 +558,5 @@ pub fn services_with(shared: &Shared, conditional_requests: bool) -> Services {
     let github = Arc::new(GitHubForge::new(shared, conditional_requests));
     let forgejo = Arc::new(ForgejoPort(shared.clone()));
     let nomad = Arc::new(NomadPort(shared.clone()));
-    Services {
-        github: Some(Forge {
-            queue: github.clone(),
-            registrar: github,
-        }),
-        forgejo: Some(Forge {
-            queue: forgejo.clone(),
-            registrar: forgejo,
-        }),
-        children: nomad.clone(),
-        control: nomad,
-    }
+    Services::of(github, forgejo, nomad)
 }

@@ -904,25 +904,27 @@ impl Reply {
     }
 }
 
-struct Query(Vec<(String, String)>);
+/// The parts of a request's query the routes read (also the seeded world's in-memory GitHub's).
+pub(crate) struct Query(pub(crate) Vec<(String, String)>);
 
 impl Query {
-    fn parse(uri: &Uri) -> Query {
+    /// From the raw query string, `None` when the URI has none.
+    pub(crate) fn parse(raw: Option<&str>) -> Query {
         Query(
-            url::form_urlencoded::parse(uri.query().unwrap_or_default().as_bytes())
+            url::form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
                 .map(|(k, v)| (k.into_owned(), v.into_owned()))
                 .collect(),
         )
     }
 
-    fn get(&self, key: &str) -> Option<&str> {
+    pub(crate) fn get(&self, key: &str) -> Option<&str> {
         self.0
             .iter()
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.as_str())
     }
 
-    fn number(&self, key: &str, default: usize) -> usize {
+    pub(crate) fn number(&self, key: &str, default: usize) -> usize {
         self.get(key)
             .and_then(|v| v.parse().ok())
             .unwrap_or(default)
@@ -992,6 +994,52 @@ struct JwtClaims {
     exp: i64,
 }
 
+/// GitHub's answer to a JWT it cannot use.
+pub const JWT_UNDECODABLE: &str = "A JSON web token could not be decoded";
+
+/// Checks an App's JWT the way GitHub does: RS256 with the App's key, `exp` in the future but
+/// at most 10 minutes ahead, `iat` not in the future (a minute of drift allowed), `iss` the
+/// App (GitHub takes the numeric id as a number or a string). `Err` is GitHub's message for
+/// the 401. Shared by the twin and the seeded world's in-memory GitHub.
+pub fn check_app_jwt(
+    jwt: &str,
+    key: &DecodingKey,
+    app_id: &str,
+    now_unix: i64,
+) -> Result<(), &'static str> {
+    let mut validation = Validation::new(Algorithm::RS256);
+    validation.validate_exp = false;
+    validation.validate_aud = false;
+    // `iss` is checked below: jsonwebtoken's check wants a string. `iat` is required by
+    // `JwtClaims` itself.
+    validation.set_required_spec_claims(&["exp"]);
+    let claims = jsonwebtoken::decode::<JwtClaims>(jwt, key, &validation)
+        .map_err(|_| JWT_UNDECODABLE)?
+        .claims;
+    if claims.exp <= now_unix {
+        return Err(
+            "'Expiration time' claim ('exp') must be a numeric value representing the future time at which the assertion expires.",
+        );
+    }
+    if claims.exp > now_unix + JWT_LIFETIME_MAX_S {
+        return Err("'Expiration time' claim ('exp') is too far in the future");
+    }
+    if claims.iat > now_unix + JWT_CLOCK_DRIFT_S {
+        return Err(
+            "'Issued at' claim ('iat') must be an Integer representing the time that the assertion was issued.",
+        );
+    }
+    let iss = match &claims.iss {
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => s.clone(),
+        _ => return Err(JWT_UNDECODABLE),
+    };
+    if iss != app_id {
+        return Err(JWT_UNDECODABLE);
+    }
+    Ok(())
+}
+
 impl Twin {
     fn now(&self) -> DateTime<Utc> {
         Utc::now() + self.clock_offset
@@ -1019,47 +1067,13 @@ impl Twin {
         self.repos.get_mut(repo).expect("just inserted")
     }
 
-    /// Checks the App's JWT the way GitHub does: RS256 with the App's key, `exp` in the
-    /// future but at most 10 minutes ahead, `iat` not in the future, `iss` the App.
+    /// Checks the App's JWT the way GitHub does (see [`check_app_jwt`]).
     fn verify_jwt(&self, headers: &HeaderMap) -> Result<(), Reply> {
         let unauthorized =
             |message: &str| Reply::error(StatusCode::UNAUTHORIZED, message, DOCS_REST);
-        let undecodable = || unauthorized("A JSON web token could not be decoded");
-        let jwt = bearer(headers).ok_or_else(undecodable)?;
-        let mut validation = Validation::new(Algorithm::RS256);
-        validation.validate_exp = false;
-        validation.validate_aud = false;
-        // `iss` is checked below: jsonwebtoken's check wants a string, and GitHub accepts the
-        // numeric App id as a number too. `iat` is required by `JwtClaims` itself.
-        validation.set_required_spec_claims(&["exp"]);
-        let claims = jsonwebtoken::decode::<JwtClaims>(&jwt, &self.app_key, &validation)
-            .map_err(|_| undecodable())?
-            .claims;
-        let wall = self.now().timestamp();
-        if claims.exp <= wall {
-            return Err(unauthorized(
-                "'Expiration time' claim ('exp') must be a numeric value representing the future time at which the assertion expires.",
-            ));
-        }
-        if claims.exp > wall + JWT_LIFETIME_MAX_S {
-            return Err(unauthorized(
-                "'Expiration time' claim ('exp') is too far in the future",
-            ));
-        }
-        if claims.iat > wall + JWT_CLOCK_DRIFT_S {
-            return Err(unauthorized(
-                "'Issued at' claim ('iat') must be an Integer representing the time that the assertion was issued.",
-            ));
-        }
-        let iss = match &claims.iss {
-            Value::Number(n) => n.to_string(),
-            Value::String(s) => s.clone(),
-            _ => return Err(undecodable()),
-        };
-        if iss != self.app_id {
-            return Err(undecodable());
-        }
-        Ok(())
+        let jwt = bearer(headers).ok_or_else(|| unauthorized(JWT_UNDECODABLE))?;
+        check_app_jwt(&jwt, &self.app_key, &self.app_id, self.now().timestamp())
+            .map_err(unauthorized)
     }
 
     fn budget(&mut self, holder: &str) -> BudgetState {
@@ -1277,7 +1291,7 @@ impl Twin {
                         format!("{permission}={level}"),
                     )
                 }
-                _ => self.repo_endpoint(endpoint, &repo, &Query::parse(uri), base),
+                _ => self.repo_endpoint(endpoint, &repo, &Query::parse(uri.query()), base),
             },
         };
         // Conditional requests: a matching `If-None-Match` is answered 304 and not charged.
