@@ -13,6 +13,7 @@ use tracing::{debug, error, warn};
 
 use crate::act::execute::{ActReport, DispatchOutcome, carry_out};
 use crate::act::{ChildControl, Registrar, Registrars};
+use crate::config::watch::ConfigState;
 use crate::config::{Config, Mode};
 use crate::model::{ErrorClass, RepoName};
 use crate::observe::{ChildSource, Gap, PortError, QueueSource, RepoJobs, Snapshot};
@@ -513,7 +514,7 @@ impl Controller {
 /// document it dispatches nothing and says why once per change of reason.
 pub async fn run(
     mut controller: Controller,
-    mut config: tokio::sync::watch::Receiver<crate::config::watch::ConfigState>,
+    mut config: tokio::sync::watch::Receiver<ConfigState>,
     clock: &dyn crate::clock::Clock,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
@@ -524,13 +525,22 @@ pub async fn run(
     let mut applied: Option<u64> = None;
     let mut last_idle_reason: Option<String> = None;
     loop {
+        // Without a document, a change of the watcher's state is worth a tick at once: the
+        // first read lands moments after start, and waiting a whole poll interval for it
+        // would delay the first dispatch for nothing.
+        let without_document = config.borrow().config.is_none();
         tokio::select! {
             biased;
             _ = &mut shutdown => break,
             _ = interval.tick() => {}
+            Ok(()) = config.changed(), if without_document => {}
         }
         let state = config.borrow_and_update().clone();
         let Some(document) = state.config.clone() else {
+            // Before the watcher's first answer there is nothing to say yet.
+            if state == ConfigState::default() {
+                continue;
+            }
             let why = state.problems().join("; ");
             if last_idle_reason.as_deref() != Some(why.as_str()) {
                 warn!("dispatching nothing: {why}");

@@ -188,3 +188,49 @@ async fn a_panicking_tick_costs_only_that_tick() {
     assert!(ran.is_ok(), "the loop did not survive the panicking tick");
     assert_eq!(world.dispatch_count(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_first_tick_follows_the_first_document_not_the_next_interval() {
+    use runner_scaler::config::watch::ConfigState;
+    use std::sync::Arc;
+
+    let world = MemoryWorld::new(t0());
+    world.queue_job(&repo("acme/api"), SH);
+    let settings = runner_scaler::control_loop::LoopSettings::default();
+    let poll = settings.poll_interval;
+    let controller = runner_scaler::control_loop::Controller::new(
+        world.services(),
+        settings,
+        Box::new(<rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(1)),
+    );
+    // The watcher has not answered when the loop starts; it does a moment later.
+    let (tx, rx) = tokio::sync::watch::channel(ConfigState::default());
+    let started = tokio::time::Instant::now();
+    let dispatched = {
+        let world = world.clone();
+        async move {
+            tokio::time::sleep(poll / 10).await;
+            tx.send_replace(ConfigState {
+                config: Some(Arc::new(config(&[("acme/api", 3)]))),
+                applied_index: Some(1),
+                ..ConfigState::default()
+            });
+            while world.dispatch_count() == 0 {
+                tokio::time::sleep(poll / 100).await;
+            }
+        }
+    };
+    runner_scaler::control_loop::run(
+        controller,
+        rx,
+        &runner_scaler::clock::SystemClock,
+        dispatched,
+    )
+    .await;
+    assert_eq!(world.dispatch_count(), 1);
+    assert!(
+        started.elapsed() < poll,
+        "the first dispatch waited {:?}, a whole poll interval",
+        started.elapsed()
+    );
+}
