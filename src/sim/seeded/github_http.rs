@@ -347,39 +347,6 @@ impl Reply {
     }
 }
 
-// The twin's query type; paging as this service does it is added here.
-impl Query {
-    /// `per_page`/`page` of `total` items: the range shown and GitHub's `Link` header (none
-    /// when everything fits on one page).
-    fn page(&self, total: usize, link_base: &str) -> (std::ops::Range<usize>, Option<String>) {
-        let per_page = self.number("per_page", 30).clamp(1, 100);
-        let page = self.number("page", 1).max(1);
-        let last = total.div_ceil(per_page).max(1);
-        let start = (page - 1).saturating_mul(per_page).min(total);
-        let end = (start + per_page).min(total);
-        let mut kept: Vec<String> = self
-            .0
-            .iter()
-            .filter(|(k, _)| k != "page" && k != "per_page")
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        kept.push(format!("per_page={per_page}"));
-        let url = |p: usize| format!("<{link_base}?{}&page={p}>", kept.join("&"));
-        let mut rels = Vec::new();
-        if page > 1 {
-            rels.push(format!("{}; rel=\"prev\"", url((page - 1).min(last))));
-        }
-        if page < last {
-            rels.push(format!("{}; rel=\"next\"", url(page + 1)));
-            rels.push(format!("{}; rel=\"last\"", url(last)));
-        }
-        if page > 1 {
-            rels.push(format!("{}; rel=\"first\"", url(1)));
-        }
-        (start..end, (!rels.is_empty()).then(|| rels.join(", ")))
-    }
-}
-
 fn bearer(parts: &Parts) -> Option<&str> {
     let value = parts
         .headers

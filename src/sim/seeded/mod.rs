@@ -109,6 +109,32 @@ pub struct Measured {
 }
 
 impl SeedOutcome {
+    /// An outcome with nothing measured yet.
+    fn empty(scenario: Scenario, picked: Scenario, seed: u64, strategy: Strategy) -> SeedOutcome {
+        SeedOutcome {
+            scenario,
+            picked,
+            seed,
+            violation: None,
+            trace_hash: String::new(),
+            trace_events: 0,
+            convergence: None,
+            simulated_s: 0,
+            poll_interval_s: 0,
+            ticks: 0,
+            counts: Counts::default(),
+            faults_injected: 0,
+            log_lines: 0,
+            pending: PENDING,
+            wall_ms: 0,
+            trace: Vec::new(),
+            measured: Measured {
+                strategy,
+                ..Measured::default()
+            },
+        }
+    }
+
     pub fn ok(&self) -> bool {
         self.violation.is_none()
     }
@@ -152,28 +178,8 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
     let mut rng = StdRng::seed_from_u64(seed);
     let options = scenario.options(&mut rng);
     let picked = options.scenario;
-    let mut outcome = SeedOutcome {
-        scenario,
-        picked,
-        seed,
-        violation: None,
-        trace_hash: String::new(),
-        trace_events: 0,
-        convergence: None,
-        simulated_s: 0,
-        poll_interval_s: options.poll_interval_s,
-        ticks: 0,
-        counts: Counts::default(),
-        faults_injected: 0,
-        log_lines: 0,
-        pending: PENDING,
-        wall_ms: 0,
-        trace: Vec::new(),
-        measured: Measured {
-            strategy: settings.strategy,
-            ..Measured::default()
-        },
-    };
+    let mut outcome = SeedOutcome::empty(scenario, picked, seed, settings.strategy);
+    outcome.poll_interval_s = options.poll_interval_s;
     let config = match parse_document(options.document().as_bytes(), &ConfigDefaults::default()) {
         Ok(config) => config,
         Err(errors) => {
@@ -671,29 +677,13 @@ fn panicked(scenario: Scenario, seed: u64, panic: Box<dyn std::any::Any + Send>)
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic".into());
-    SeedOutcome {
-        scenario,
-        picked: scenario,
-        seed,
-        violation: Some(Violation {
-            invariant: "panic",
-            step: 0,
-            message: format!("the run panicked: {what}"),
-        }),
-        trace_hash: String::new(),
-        trace_events: 0,
-        convergence: None,
-        simulated_s: 0,
-        poll_interval_s: 0,
-        ticks: 0,
-        counts: Counts::default(),
-        faults_injected: 0,
-        log_lines: 0,
-        pending: PENDING,
-        wall_ms: 0,
-        trace: Vec::new(),
-        measured: Measured::default(),
-    }
+    let mut outcome = SeedOutcome::empty(scenario, scenario, seed, Strategy::default());
+    outcome.violation = Some(Violation {
+        invariant: "panic",
+        step: 0,
+        message: format!("the run panicked: {what}"),
+    });
+    outcome
 }
 
 /// Events of the trace a replay shows (the last ones: where a violation happened).

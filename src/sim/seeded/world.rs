@@ -451,15 +451,18 @@ impl World {
         }
         self.show(id, t, Visible::Hidden, o, rng);
         // Jobs that needed it never run.
-        let gated: Vec<u64> = self
-            .jobs
+        for g in self.gated_after(id) {
+            self.cancel(g, t, why, o, rng, trace);
+        }
+    }
+
+    /// Jobs whose `needs:` wait for job `id`.
+    fn gated_after(&self, id: u64) -> Vec<u64> {
+        self.jobs
             .iter()
             .filter(|(_, j)| j.truth == Truth::Gated { after: id })
             .map(|(i, _)| *i)
-            .collect();
-        for g in gated {
-            self.cancel(g, t, why, o, rng, trace);
-        }
+            .collect()
     }
 
     fn cancel_queued(&mut self, t: u64, o: &Options, rng: &mut StdRng, trace: &mut Trace) {
@@ -577,13 +580,7 @@ impl World {
                 exit(child);
             }
             trace.record(t, format!("job {id} completed on {runner}"));
-            let gated: Vec<u64> = self
-                .jobs
-                .iter()
-                .filter(|(_, j)| j.truth == Truth::Gated { after: id })
-                .map(|(i, _)| *i)
-                .collect();
-            for g in gated {
+            for g in self.gated_after(id) {
                 self.set_queued(g, t, o, rng);
                 trace.record(t, format!("job {g} queued after {id}"));
             }

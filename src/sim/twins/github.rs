@@ -905,7 +905,7 @@ impl Reply {
 }
 
 /// The parts of a request's query the routes read (also the seeded world's in-memory GitHub's).
-pub(crate) struct Query(pub(crate) Vec<(String, String)>);
+pub(crate) struct Query(Vec<(String, String)>);
 
 impl Query {
     /// From the raw query string, `None` when the URI has none.
@@ -929,42 +929,52 @@ impl Query {
             .and_then(|v| v.parse().ok())
             .unwrap_or(default)
     }
+
+    /// `per_page`/`page` of `total` items: the range shown and GitHub's `Link` header, with
+    /// `next`/`last` when more pages follow and `prev`/`first` after the first; none when
+    /// everything fits on one page.
+    pub(crate) fn page(
+        &self,
+        total: usize,
+        link_base: &str,
+    ) -> (std::ops::Range<usize>, Option<String>) {
+        let per_page = self.number("per_page", 30).clamp(1, 100);
+        let page = self.number("page", 1).max(1);
+        let last = total.div_ceil(per_page).max(1);
+        let start = (page - 1).saturating_mul(per_page).min(total);
+        let end = (start + per_page).min(total);
+        let mut kept: Vec<String> = self
+            .0
+            .iter()
+            .filter(|(k, _)| k != "page" && k != "per_page")
+            .map(|(k, v)| {
+                format!(
+                    "{k}={}",
+                    url::form_urlencoded::byte_serialize(v.as_bytes()).collect::<String>()
+                )
+            })
+            .collect();
+        kept.push(format!("per_page={per_page}"));
+        let url = |p: usize| format!("<{link_base}?{}&page={p}>", kept.join("&"));
+        let mut rels = Vec::new();
+        if page > 1 {
+            rels.push(format!("{}; rel=\"prev\"", url((page - 1).min(last))));
+        }
+        if page < last {
+            rels.push(format!("{}; rel=\"next\"", url(page + 1)));
+            rels.push(format!("{}; rel=\"last\"", url(last)));
+        }
+        if page > 1 {
+            rels.push(format!("{}; rel=\"first\"", url(1)));
+        }
+        (start..end, (!rels.is_empty()).then(|| rels.join(", ")))
+    }
 }
 
-/// Slices `items` for `per_page`/`page` and builds GitHub's `Link` header: `next`/`last` when
-/// more pages follow, `prev`/`first` after the first, none when everything fits on one page.
+/// Slices `items` for `per_page`/`page`, with GitHub's `Link` header (see [`Query::page`]).
 fn paginate<T: Clone>(items: &[T], query: &Query, link_base: &str) -> (Vec<T>, Option<String>) {
-    let per_page = query.number("per_page", 30).clamp(1, 100);
-    let page = query.number("page", 1).max(1);
-    let last = items.len().div_ceil(per_page).max(1);
-    let start = (page - 1).saturating_mul(per_page).min(items.len());
-    let end = (start + per_page).min(items.len());
-    let mut kept: Vec<String> = query
-        .0
-        .iter()
-        .filter(|(k, _)| k != "page" && k != "per_page")
-        .map(|(k, v)| {
-            format!(
-                "{k}={}",
-                url::form_urlencoded::byte_serialize(v.as_bytes()).collect::<String>()
-            )
-        })
-        .collect();
-    kept.push(format!("per_page={per_page}"));
-    let url = |p: usize| format!("<{link_base}?{}&page={p}>", kept.join("&"));
-    let mut rels = Vec::new();
-    if page > 1 {
-        rels.push(format!("{}; rel=\"prev\"", url((page - 1).min(last))));
-    }
-    if page < last {
-        rels.push(format!("{}; rel=\"next\"", url(page + 1)));
-        rels.push(format!("{}; rel=\"last\"", url(last)));
-    }
-    if page > 1 {
-        rels.push(format!("{}; rel=\"first\"", url(1)));
-    }
-    let link = (!rels.is_empty()).then(|| rels.join(", "));
-    (items[start..end].to_vec(), link)
+    let (range, link) = query.page(items.len(), link_base);
+    (items[range].to_vec(), link)
 }
 
 fn etag_of(body: &str) -> String {
