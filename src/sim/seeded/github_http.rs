@@ -45,6 +45,7 @@ use crate::config::{Mode, RepoConfig};
 use crate::model::{ErrorClass, RepoName};
 use crate::observe::{PortError, QueueSource, RepoJobs};
 use crate::secrets::SecretSource;
+use crate::sim::twins;
 use crate::sim::twins::github::{JWT_UNDECODABLE, Query, TEST_APP_ID, check_app_jwt};
 
 /// The App's key pair. 1024 bits, not the 2048 GitHub requires: the real client signs a
@@ -150,29 +151,19 @@ fn rest_of(mut object: Value, filled: &[&str]) -> String {
     text[1..text.len() - 1].to_string()
 }
 
+/// The twin's documentation examples, with run and job cut to what is not filled per answer.
 static TEMPLATES: LazyLock<Templates> = LazyLock::new(|| {
-    let parse = |text: &str| -> Value { serde_json::from_str(text).expect("fixture is JSON") };
-    let runs = parse(include_str!(
-        "../../../tests/fixtures/github/list-workflow-runs-for-repo.response.json"
-    ));
-    let jobs = parse(include_str!(
-        "../../../tests/fixtures/github/list-jobs-for-workflow-run.response.json"
-    ));
-    let access_token = parse(include_str!(
-        "../../../tests/fixtures/github/create-installation-access-token.response.json"
-    ));
-    let mut run = runs["workflow_runs"][0].clone();
+    let fixtures = &*twins::github::TEMPLATES;
+    let mut run = fixtures.run.clone();
     for key in ["repository", "head_repository"] {
         run[key] = minimal_repository(&run[key]);
     }
     Templates {
         run_rest: rest_of(run, RUN_FIELDS),
-        job_rest: rest_of(jobs["jobs"][0].clone(), JOB_FIELDS),
-        installation: parse(include_str!(
-            "../../../tests/fixtures/github/get-installation.response.json"
-        )),
-        token_repository: access_token["repositories"][0].clone(),
-        access_token,
+        job_rest: rest_of(fixtures.job.clone(), JOB_FIELDS),
+        installation: fixtures.installation.clone(),
+        token_repository: fixtures.token_repository.clone(),
+        access_token: fixtures.access_token.clone(),
     }
 });
 

@@ -50,18 +50,19 @@ const JWT_CLOCK_DRIFT_S: i64 = 60;
 const DOCS_REST: &str = "https://docs.github.com/rest";
 const DOCS_RATE_LIMITS: &str = "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api";
 
-/// The documentation examples the responses are built from.
-struct Templates {
-    run: Value,
-    job: Value,
-    installation: Value,
-    access_token: Value,
-    token_repository: Value,
+/// The documentation examples the responses are built from (also the seeded world's
+/// in-memory GitHub's).
+pub(crate) struct Templates {
+    pub(crate) run: Value,
+    pub(crate) job: Value,
+    pub(crate) installation: Value,
+    pub(crate) access_token: Value,
+    pub(crate) token_repository: Value,
     registration_token: Value,
     runner: Value,
 }
 
-static TEMPLATES: LazyLock<Templates> = LazyLock::new(|| {
+pub(crate) static TEMPLATES: LazyLock<Templates> = LazyLock::new(|| {
     let parse = |text: &str| -> Value { serde_json::from_str(text).expect("fixture is JSON") };
     let runs = parse(include_str!(
         "../../../tests/fixtures/github/list-workflow-runs-for-repo.response.json"
