@@ -223,6 +223,22 @@ pub struct DaemonArgs {
     /// Timeout of one HTTP request to any service.
     #[arg(long, env = "RUNNER_SCALER_REQUEST_TIMEOUT", default_value = "15s", value_parser = humantime::parse_duration, hide_env_values = true)]
     pub request_timeout: Duration,
+    /// A surplus runner younger than this is left alone; a runner whose state cannot be read
+    /// is held this long before it is torn down anyway.
+    #[arg(long, env = "RUNNER_SCALER_ORPHAN_GRACE", default_value = "10m", value_parser = humantime::parse_duration, hide_env_values = true)]
+    pub orphan_grace: Duration,
+    /// An idle reading of a runner counts only when it held on two readings this far apart.
+    #[arg(long, env = "RUNNER_SCALER_IDLE_CONFIRM", default_value = "2m", value_parser = humantime::parse_duration, hide_env_values = true)]
+    pub idle_confirm: Duration,
+    /// A runner still busy past this age is wedged and torn down (GitHub's limit for a
+    /// self-hosted job is 5 days). A lower bound kills any job whose timeout-minutes is larger;
+    /// a profile may set its own with hardBoundMinutes.
+    #[arg(long, env = "RUNNER_SCALER_HARD_BOUND", default_value = "5d30m", value_parser = humantime::parse_duration, hide_env_values = true)]
+    pub hard_bound: Duration,
+    /// A runner the cluster has not placed after this long is stopped and replaced, before
+    /// its one-hour registration token expires.
+    #[arg(long, env = "RUNNER_SCALER_PLACEMENT_TIMEOUT", default_value = "50m", value_parser = humantime::parse_duration, hide_env_values = true)]
+    pub placement_timeout: Duration,
 }
 
 /// Reads a secret from `VAR`, or from the file `VAR_FILE` names. `Ok(None)` when neither is

@@ -11,11 +11,15 @@ use futures::{FutureExt, StreamExt};
 use rand::RngCore;
 use tracing::{debug, error, warn};
 
+mod takeback;
+
+pub use takeback::{CRASH_BACKOFF_FIRST, CRASH_BACKOFF_MAX, crash_delay};
+
 use crate::act::execute::{ActReport, DispatchOutcome, carry_out};
-use crate::act::{ChildControl, Registrar, Registrars};
+use crate::act::{ChildControl, Registrar, Registrars, RunnerRegistry};
 use crate::config::watch::ConfigState;
 use crate::config::{Config, Mode};
-use crate::model::{ErrorClass, RepoName};
+use crate::model::{ChildId, ErrorClass, RepoName};
 use crate::observe::{ChildSource, Gap, PortError, QueueSource, RepoJobs, Snapshot};
 use crate::plan::{Holds, Plan, PlanInput, PlanSettings, plan};
 use crate::report::{self, TickView};
@@ -24,6 +28,9 @@ use crate::report::{self, TickView};
 pub struct Forge {
     pub queue: Arc<dyn QueueSource>,
     pub registrar: Arc<dyn Registrar>,
+    /// Runner registrations the daemon may read and delete (GitHub `app` mode); `None` where
+    /// it has no such API, so a runner whose allocation runs is never stopped.
+    pub runners: Option<Arc<dyn RunnerRegistry>>,
 }
 
 /// Every port the loop uses.
@@ -41,18 +48,20 @@ impl Services {
     /// and a registrar) and a Nomad client.
     pub fn of<G, F, N>(github: Arc<G>, forgejo: Arc<F>, nomad: Arc<N>) -> Services
     where
-        G: QueueSource + Registrar + 'static,
+        G: QueueSource + Registrar + RunnerRegistry + 'static,
         F: QueueSource + Registrar + 'static,
         N: ChildSource + ChildControl + 'static,
     {
         Services {
             github: Some(Forge {
                 queue: github.clone(),
-                registrar: github,
+                registrar: github.clone(),
+                runners: Some(github),
             }),
             forgejo: Some(Forge {
                 queue: forgejo.clone(),
                 registrar: forgejo,
+                runners: None,
             }),
             children: nomad.clone(),
             control: nomad,
@@ -72,6 +81,17 @@ impl Registrars for Services {
     fn for_mode(&self, mode: &Mode) -> Option<&dyn Registrar> {
         self.forge(mode).map(|f| f.registrar.as_ref())
     }
+
+    fn runners_for(&self, mode: &Mode) -> Option<&dyn RunnerRegistry> {
+        // Only `app` mode holds `administration: write` on the repo; a polling token may not
+        // delete registrations, and Forgejo has no such API before 15.
+        if !matches!(mode, Mode::App) {
+            return None;
+        }
+        self.forge(mode)
+            .and_then(|f| f.runners.as_ref())
+            .map(|r| r.as_ref())
+    }
 }
 
 /// Settings of the loop itself.
@@ -86,6 +106,9 @@ pub struct LoopSettings {
     pub terminal_retry: Duration,
     /// Ceiling of the exponential backoff of transient errors.
     pub transient_backoff_max: Duration,
+    /// How often the parents of our children are found from Nomad alone (besides the first
+    /// tick): children of parents the document no longer names keep counting.
+    pub discovery_interval: Duration,
 }
 
 impl Default for LoopSettings {
@@ -96,6 +119,7 @@ impl Default for LoopSettings {
             list_concurrency_max: 8,
             terminal_retry: Duration::from_secs(600),
             transient_backoff_max: Duration::from_secs(300),
+            discovery_interval: Duration::from_secs(600),
         }
     }
 }
@@ -139,6 +163,13 @@ pub struct Memory {
     failures: BTreeMap<Scope, Failure>,
     /// Unroutable jobs already reported at WARN.
     reported_unroutable: BTreeSet<(RepoName, u64)>,
+    /// Failed starts, crash-loop backoff, readings of nominated runners.
+    take_back: takeback::TakeBackMemory,
+    /// When the parents of our children were last found from Nomad alone; `None` until the
+    /// first success.
+    discovered_at: Option<DateTime<Utc>>,
+    /// When each child of ours was first seen placed.
+    placed_seen: BTreeMap<ChildId, DateTime<Utc>>,
 }
 
 /// Runs ticks over a set of services.
@@ -178,7 +209,7 @@ impl Controller {
         dry_run: bool,
     ) -> TickView {
         let snapshot = self.observe(config, config_version, now).await;
-        let gaps: Vec<String> = snapshot
+        let mut gaps: Vec<String> = snapshot
             .repos
             .iter()
             .filter_map(|(repo, r)| r.as_ref().err().map(|g| format!("{repo}: {}", g.message)))
@@ -189,6 +220,10 @@ impl Controller {
                     .filter_map(|(p, r)| r.as_ref().err().map(|g| format!("{p}: {}", g.message))),
             )
             .collect();
+        if let Some(gap) = &snapshot.undiscovered {
+            gaps.push(format!("parents of our children: {}", gap.message));
+        }
+        self.memory.take_back.learn_from_snapshot(&snapshot, now);
         let holds = self.holds(now);
         let plan = (self.planner)(PlanInput {
             config,
@@ -197,6 +232,24 @@ impl Controller {
             holds: &holds,
             now,
         });
+        let repos_to_read = self
+            .memory
+            .take_back
+            .repos_to_read(config, &snapshot, &plan, now);
+        let to_read: Vec<_> = repos_to_read
+            .iter()
+            .filter_map(|name| config.repos.get(name))
+            .filter_map(|repo| self.runners_of(&repo.mode).map(|r| (repo.clone(), r)))
+            .collect();
+        let registrations = takeback::read_registrations(to_read).await;
+        let judgements = self
+            .memory
+            .take_back
+            .judge(&snapshot, &plan, &registrations, now);
+        let stale =
+            self.memory
+                .take_back
+                .stale_registrations(config, &snapshot, &registrations, now);
         for job in &plan.unroutable {
             if self
                 .memory
@@ -207,10 +260,12 @@ impl Controller {
             }
         }
         if dry_run {
-            return TickView::new(&plan, None, gaps);
+            return TickView::new(&plan, &judgements, None, gaps);
         }
         let act = carry_out(
             &plan,
+            &judgements,
+            &stale,
             config,
             &self.services,
             self.services.control.as_ref(),
@@ -218,8 +273,9 @@ impl Controller {
         )
         .await;
         self.learn_from(&act, config_version, now);
+        self.memory.take_back.learn_from_reaps(&act.reaps, now);
         report::log_act(&act);
-        let view = TickView::new(&plan, Some(&act), gaps);
+        let view = TickView::new(&plan, &judgements, Some(&act), gaps);
         report::log_tick(&view);
         view
     }
@@ -239,6 +295,7 @@ impl Controller {
                     .insert(url.trim_end_matches('/').to_string(), repo.repo.clone());
             }
         }
+        self.discover_parents(now, &mut snapshot).await;
         let parents: BTreeSet<String> = config
             .parents()
             .into_iter()
@@ -310,9 +367,24 @@ impl Controller {
         let (listings, queues) = futures::join!(listings, queues);
 
         self.memory.lingering_parents.clear();
+        let mut listed = BTreeSet::new();
         for (parent, result) in listings {
             match result {
-                Ok(children) => {
+                Ok(mut children) => {
+                    for child in children.iter_mut().filter(|c| c.ours) {
+                        listed.insert(child.id.clone());
+                        if child.placement.is_placed() {
+                            child.placed_at = Some(
+                                *self
+                                    .memory
+                                    .placed_seen
+                                    .entry(child.id.clone())
+                                    .or_insert(now),
+                            );
+                        } else {
+                            child.placed_at = self.memory.placed_seen.get(&child.id).copied();
+                        }
+                    }
                     if children.iter().any(|c| c.ours) {
                         self.memory.lingering_parents.insert(parent.clone());
                     }
@@ -326,6 +398,9 @@ impl Controller {
             }
         }
 
+        if snapshot.parents.values().all(Result::is_ok) {
+            self.memory.placed_seen.retain(|id, _| listed.contains(id));
+        }
         let mut seen: BTreeSet<(RepoName, u64)> = BTreeSet::new();
         let mut listed_repos = BTreeSet::new();
         for (repo, result) in queues {
@@ -354,6 +429,44 @@ impl Controller {
             !listed_repos.contains(repo) || seen.contains(&(repo.clone(), *id))
         });
         snapshot
+    }
+
+    /// Finds every parent with children of ours from Nomad alone, on the first tick and then
+    /// every `discovery_interval`: after a restart or an edit of the document, children of a
+    /// parent the document no longer names still count against their repo's cap and
+    /// `--max-in-flight`, and are purged when dead. Until it has succeeded once, nothing is
+    /// dispatched (the counts could be short).
+    async fn discover_parents(&mut self, now: DateTime<Utc>, snapshot: &mut Snapshot) {
+        let due = self.memory.discovered_at.is_none_or(|at| {
+            (now - at).to_std().unwrap_or_default() >= self.settings.discovery_interval
+        });
+        if !due {
+            return;
+        }
+        match self.services.children.parents_with_our_children().await {
+            Ok(parents) => {
+                for parent in parents {
+                    if self.memory.lingering_parents.insert(parent.clone()) {
+                        debug!(parent = %parent, "found a parent with children of ours");
+                    }
+                }
+                self.memory.discovered_at = Some(now);
+            }
+            Err(e) => {
+                warn!(class = e.class.as_str(), "{}", e.message);
+                if self.memory.discovered_at.is_none() {
+                    snapshot.undiscovered = Some(e.into());
+                }
+            }
+        }
+    }
+
+    /// The runner registry of `mode`'s repos, if the daemon may use one.
+    fn runners_of(&self, mode: &Mode) -> Option<Arc<dyn RunnerRegistry>> {
+        if !matches!(mode, Mode::App) {
+            return None;
+        }
+        self.services.forge(mode).and_then(|f| f.runners.clone())
     }
 
     fn fill_first_sightings(
@@ -390,6 +503,7 @@ impl Controller {
                 }
             }
         }
+        holds.crash_backoff = self.memory.take_back.crash_backoff().clone();
         holds
     }
 
@@ -399,6 +513,7 @@ impl Controller {
                 DispatchOutcome::Dispatched { bucket, parent, .. } => {
                     // Listed from the next tick on even if the document drops it meanwhile.
                     self.memory.lingering_parents.insert(parent.clone());
+                    self.memory.take_back.probe_dispatched(bucket, now);
                     self.succeeded(&Scope::Mint(bucket.repo.clone()));
                     self.succeeded(&Scope::Dispatch(parent.clone(), bucket.repo.clone()));
                 }

@@ -27,6 +27,7 @@ use crate::control_loop::{Controller, LoopSettings, Services};
 use crate::model::ErrorClass;
 use crate::observe::PortError;
 use crate::plan::PlanSettings;
+use crate::plan::reap::ReapPolicy;
 use crate::secrets::SecretSource;
 
 /// Crates whose own logging is noise next to ours (every 404 at ERROR, every request at
@@ -193,6 +194,12 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
             poll_interval: args.poll_interval,
             plan: PlanSettings {
                 max_in_flight: args.max_in_flight,
+                reap: ReapPolicy {
+                    orphan_grace: args.orphan_grace,
+                    idle_confirm: args.idle_confirm,
+                    hard_bound: args.hard_bound,
+                    placement_timeout: args.placement_timeout,
+                },
             },
             ..LoopSettings::default()
         },

@@ -82,6 +82,7 @@ fn forgejo_repo(base_url: &str, labels: &[&str]) -> RepoConfig {
             job: "forgejo-build-runner".to_string(),
             label: "build".to_string(),
             max_concurrent: Some(1),
+            hard_bound: None,
         }],
         default_job: None,
         labels: Some(

@@ -98,6 +98,7 @@ async fn a_parent_that_left_the_document_is_listed_until_its_children_are_gone()
             job: "vm-runner".into(),
             label: "vm".into(),
             max_concurrent: Some(1),
+            hard_bound: None,
         });
     let mut ctl = controller(&world);
     let job = world.queue_job(&repo("acme/api"), &["self-hosted", "vm"]);
@@ -153,6 +154,7 @@ async fn a_panicking_tick_costs_only_that_tick() {
             panicked: Default::default(),
         }),
         registrar: Arc::new(world.clone()),
+        runners: None,
     });
     let settings = runner_scaler::control_loop::LoopSettings::default();
     let poll = settings.poll_interval;

@@ -460,7 +460,8 @@ async fn children_move_through_placement() {
     };
 
     assert_eq!(state(&placed), (ChildStatus::Running, Placement::Placed));
-    assert_eq!(state(&done), (ChildStatus::Dead, Placement::Finished));
+    // Its allocation failed: a failed start unless its runner was seen taking a job.
+    assert_eq!(state(&done), (ChildStatus::Dead, Placement::Failed));
     assert_eq!(
         state(&unplaceable),
         (ChildStatus::Dead, Placement::Unplaced)

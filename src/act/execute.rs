@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use rand::RngCore;
 
-use super::{ChildControl, DispatchMeta, DispatchRequest, Registrars};
+use super::{ChildControl, Deregistration, DispatchMeta, DispatchRequest, Registrars};
 use crate::config::Config;
 use crate::model::{BucketKey, ChildId, ErrorClass, RepoName, RunnerName};
 use crate::observe::{ChildStatus, PortError};
 use crate::plan::Plan;
+use crate::plan::reap::{Allocation, Judgement, Outcome, StaleRegistration, TearDown};
 
 /// Attempts of one dispatch request when Nomad answers with a transient error; every attempt
 /// reuses the same idempotency token, so a request that did land is not dispatched twice.
@@ -60,9 +61,34 @@ pub enum PurgeOutcome {
     Failed(ChildId, PortError),
 }
 
+/// What happened to one teardown the decision asked for.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ReapOutcome {
+    /// Stopped, after its registration (if it had one) was deleted.
+    Stopped {
+        child: ChildId,
+        outcome: Outcome,
+        reason: &'static str,
+        deregistered: Option<u64>,
+    },
+    /// At the moment of acting, reality said no: an allocation appeared, GitHub refused to
+    /// delete a registration whose runner runs a job (422), or answered 404 for one this
+    /// tick's listing showed (unknown, held).
+    Kept {
+        child: ChildId,
+        outcome: Outcome,
+        why: String,
+    },
+    /// Could not be carried out; judged again next tick if still nominated.
+    Failed { child: ChildId, error: PortError },
+}
+
 #[derive(Debug, Default)]
 pub struct ActReport {
     pub dispatches: Vec<DispatchOutcome>,
+    pub reaps: Vec<ReapOutcome>,
+    /// Stale registrations and what deleting them said.
+    pub deregistrations: Vec<(StaleRegistration, Result<Deregistration, PortError>)>,
     pub purges: Vec<PurgeOutcome>,
 }
 
@@ -92,9 +118,12 @@ fn random_hex(rng: &mut (dyn RngCore + Send), len: usize) -> String {
     hex
 }
 
-/// Carries out `plan`: mints and dispatches, then re-reads and purges.
+/// Carries out `plan`: mints and dispatches, tears down what the judgements say, then
+/// re-reads and purges.
 pub async fn carry_out(
     plan: &Plan,
+    judgements: &[Judgement],
+    stale: &[StaleRegistration],
     config: &Config,
     registrars: &dyn Registrars,
     control: &dyn ChildControl,
@@ -191,12 +220,124 @@ pub async fn carry_out(
         }
     }
 
+    for judgement in judgements {
+        if let Some(tear_down) = judgement.decision.tear_down {
+            report
+                .reaps
+                .push(take_back(judgement, tear_down, config, registrars, control).await);
+        }
+    }
+
+    for registration in stale {
+        let Some(repo) = config.repos.get(&registration.repo) else {
+            continue;
+        };
+        let Some(registry) = registrars.runners_for(&repo.mode) else {
+            continue;
+        };
+        let answer = registry
+            .delete_runner(repo, registration.runner_id)
+            .await
+            .map_err(|e| {
+                e.context(format!(
+                    "delete the stale registration of {} in {}",
+                    registration.name, registration.repo
+                ))
+            });
+        report.deregistrations.push((registration.clone(), answer));
+    }
+
     for child in &plan.purges {
         report
             .purges
             .push(purge_if_still_dead(control, child).await);
     }
     report
+}
+
+/// Takes one runner back, checking ground truth at the moment of acting: a child without an
+/// allocation is re-read first (one may have appeared); a registered runner's registration is
+/// deleted first and the child stopped only once it is gone (GitHub refuses with 422 while a
+/// job runs). An escape (`force`) stops the child whatever the deletion said.
+async fn take_back(
+    judgement: &Judgement,
+    tear_down: TearDown,
+    config: &Config,
+    registrars: &dyn Registrars,
+    control: &dyn ChildControl,
+) -> ReapOutcome {
+    let nominated = &judgement.nominated;
+    let child = nominated.child.clone();
+    let decision = &judgement.decision;
+    let keep = |outcome: Outcome, why: String| ReapOutcome::Kept {
+        child: child.clone(),
+        outcome,
+        why,
+    };
+    let mut deregistered = None;
+    if nominated.allocation == Allocation::None {
+        match control.has_live_allocation(&child).await {
+            Ok(false) => {}
+            Ok(true) => {
+                return keep(
+                    Outcome::Vetoed,
+                    "an allocation appeared since the listing: its runner may exist".into(),
+                );
+            }
+            Err(error) => {
+                return ReapOutcome::Failed {
+                    error: error.context(format!(
+                        "re-read the allocations of {child} before stopping it"
+                    )),
+                    child,
+                };
+            }
+        }
+    } else if tear_down.deregister_first {
+        let repo = nominated.repo.as_ref().and_then(|r| config.repos.get(r));
+        let registry = repo.and_then(|r| registrars.runners_for(&r.mode));
+        let deleted = match (repo, registry, judgement.runner_id) {
+            (Some(repo), Some(registry), Some(id)) => registry
+                .delete_runner(repo, id)
+                .await
+                .map(|answer| (answer, id))
+                .map_err(|e| e.context(format!("delete the registration of {child}'s runner"))),
+            _ => Err(PortError::new(
+                ErrorClass::Configuration,
+                format!("delete the registration of {child}'s runner: no runner API for its repo"),
+            )),
+        };
+        match deleted {
+            Ok((Deregistration::Deleted, id)) => deregistered = Some(id),
+            _ if tear_down.force => {}
+            Ok((Deregistration::StillBusy, _)) => {
+                return keep(
+                    Outcome::Vetoed,
+                    "GitHub refused to delete its registration: the runner is still running a job"
+                        .into(),
+                );
+            }
+            Ok((Deregistration::NotFound, _)) => {
+                return keep(
+                    Outcome::Held,
+                    "GitHub answered 404 for a registration this tick's listing showed: unknown, held".into(),
+                );
+            }
+            Err(error) => return ReapOutcome::Failed { child, error },
+        }
+    }
+    match control.stop(&child).await {
+        Ok(()) => ReapOutcome::Stopped {
+            child,
+            outcome: decision.outcome,
+            reason: decision.reason,
+            deregistered,
+        },
+        Err(error) => ReapOutcome::Failed {
+            error: error.context(format!("stop {child}")),
+            child,
+        },
+    }
 }
 
 async fn dispatch_with_retries(

@@ -8,7 +8,7 @@ use secrecy::SecretString;
 
 use crate::config::{Mode, RepoConfig};
 use crate::model::{ChildId, RunnerName};
-use crate::observe::{ChildStatus, PortError};
+use crate::observe::{ChildStatus, PortError, RunnerRegistration};
 
 /// A registration credential minted for one runner. Never logged, never in an error.
 pub struct RegistrationToken(pub SecretString);
@@ -34,6 +34,9 @@ pub trait Registrar: Send + Sync {
 pub trait Registrars: Sync {
     /// `None` when the daemon has no client for `mode`.
     fn for_mode(&self, mode: &Mode) -> Option<&dyn Registrar>;
+
+    /// The runner registrations of `mode`'s repos; `None` where the daemon has no such API.
+    fn runners_for(&self, mode: &Mode) -> Option<&dyn RunnerRegistry>;
 }
 
 /// The meta a child is dispatched with.
@@ -71,6 +74,40 @@ pub trait ChildControl: Send + Sync {
 
     /// Deregisters and purges a child (`DELETE /v1/job/<id>?purge=true`).
     async fn purge(&self, child: &ChildId) -> Result<(), PortError>;
+
+    /// Re-reads a child's allocations at the moment of acting (`GET /v1/job/<id>/allocations`):
+    /// true when one is pending, running or on a disconnected client, i.e. a runner may exist.
+    async fn has_live_allocation(&self, child: &ChildId) -> Result<bool, PortError>;
+
+    /// Stops a child without purging it (`DELETE /v1/job/<id>`): its allocation is told to
+    /// stop and the child turns dead, to be purged by a later tick once re-read as dead.
+    async fn stop(&self, child: &ChildId) -> Result<(), PortError>;
+}
+
+/// What the forge said to deleting a runner's registration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deregistration {
+    /// 204: the registration is gone.
+    Deleted,
+    /// 422: the forge refused because the runner is executing a job: a veto, not an error.
+    StillBusy,
+    /// 404: gone, or this credential may not see it; the caller decides which.
+    NotFound,
+}
+
+/// The runner registrations of a repo (GitHub `app` mode: the daemon holds `administration:
+/// write` for the repo). Implemented by the GitHub client.
+#[async_trait]
+pub trait RunnerRegistry: Send + Sync {
+    /// Every registration of the repo, all pages.
+    async fn list_runners(&self, repo: &RepoConfig) -> Result<Vec<RunnerRegistration>, PortError>;
+
+    /// Deletes one registration (`DELETE …/actions/runners/<id>`).
+    async fn delete_runner(
+        &self,
+        repo: &RepoConfig,
+        runner_id: u64,
+    ) -> Result<Deregistration, PortError>;
 }
 
 pub mod execute;

@@ -5,7 +5,7 @@
 //! wire type of a job's meta has fields for the four keys the daemon reads and nothing else,
 //! so serde skips every other key without ever storing it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -173,6 +173,21 @@ struct DispatchResponseWire {
     eval_create_index: u64,
 }
 
+// ---- wire types: allocations of a job ----
+
+#[derive(Deserialize)]
+struct AllocStubWire {
+    #[serde(rename = "ClientStatus")]
+    client_status: String,
+}
+
+/// Terminal client statuses of an allocation (API-CONTRACTS: complete, failed, lost). Any
+/// other, `unknown` (a disconnected client) and statuses a newer Nomad may add included,
+/// may still run a runner.
+fn allocation_is_live(client_status: &str) -> bool {
+    !matches!(client_status, "complete" | "failed" | "lost")
+}
+
 // ---- wire types: read job ----
 
 #[derive(Deserialize)]
@@ -212,6 +227,8 @@ fn placement_of(summary: Option<&JobSummaryWire>) -> Placement {
         Placement::Placed
     } else if total.queued > 0 {
         Placement::Unplaced
+    } else if total.failed > 0 && total.complete == 0 {
+        Placement::Failed
     } else if total.complete + total.failed + total.lost > 0 {
         Placement::Finished
     } else {
@@ -252,6 +269,7 @@ fn child_from_stub(parent: &str, stub: JobStubWire) -> Result<Child, String> {
             .submit_time
             .filter(|ns| *ns > 0)
             .map(DateTime::<Utc>::from_timestamp_nanos),
+        placed_at: None,
     })
 }
 
@@ -402,8 +420,54 @@ impl NomadClient {
     }
 }
 
+/// Nomad's filter for the children the daemon dispatched (go-bexpr, evaluated by the server
+/// on the full job): a dispatched child has a parent, and the marker comes with its meta.
+const OUR_CHILDREN_FILTER: &str = "ParentID != \"\" and Meta[\"managed_by\"] == \"runner-scaler\"";
+
+#[derive(Deserialize)]
+struct ParentOfWire {
+    #[serde(rename = "ParentID", default)]
+    parent_id: String,
+}
+
 #[async_trait]
 impl ChildSource for NomadClient {
+    #[tracing::instrument(skip_all)]
+    async fn parents_with_our_children(&self) -> Result<BTreeSet<String>, PortError> {
+        let doing = "list the parents of our children";
+        let mut parents = BTreeSet::new();
+        let mut next_token: Option<String> = None;
+        for _ in 0..LIST_PAGES_MAX {
+            let mut request = self
+                .request(reqwest::Method::GET, self.url(&["jobs"]))
+                .query(&[("filter", OUR_CHILDREN_FILTER)]);
+            if let Some(token) = &next_token {
+                request = request.query(&[("next_token", token.as_str())]);
+            }
+            let response = self.send(doing, request).await?;
+            next_token = response
+                .headers()
+                .get(NEXT_TOKEN_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .filter(|v| !v.is_empty())
+                .map(str::to_string);
+            let stubs: Vec<ParentOfWire> = Self::json(doing, response).await?;
+            parents.extend(
+                stubs
+                    .into_iter()
+                    .map(|s| s.parent_id)
+                    .filter(|p| !p.is_empty()),
+            );
+            if next_token.is_none() {
+                return Ok(parents);
+            }
+        }
+        Err(PortError::new(
+            ErrorClass::Malformed,
+            format!("{doing}: still paging after {LIST_PAGES_MAX} pages"),
+        ))
+    }
+
     #[tracing::instrument(skip_all, fields(parent = %parent))]
     async fn list_children(&self, parent: &str) -> Result<Vec<Child>, PortError> {
         let doing = format!("list children of {parent}");
@@ -514,6 +578,28 @@ impl ChildControl for NomadClient {
         let request = self
             .request(reqwest::Method::DELETE, self.url(&["job", &child.0]))
             .query(&[("purge", "true")]);
+        self.send(&doing, request).await?;
+        Ok(())
+    }
+
+    #[tracing::instrument(skip_all, fields(child = %child))]
+    async fn has_live_allocation(&self, child: &ChildId) -> Result<bool, PortError> {
+        let doing = format!("read allocations of {child}");
+        let request = self.request(
+            reqwest::Method::GET,
+            self.url(&["job", &child.0, "allocations"]),
+        );
+        let response = self.send(&doing, request).await?;
+        let allocations: Vec<AllocStubWire> = Self::json(&doing, response).await?;
+        Ok(allocations
+            .iter()
+            .any(|a| allocation_is_live(&a.client_status)))
+    }
+
+    #[tracing::instrument(skip_all, fields(child = %child))]
+    async fn stop(&self, child: &ChildId) -> Result<(), PortError> {
+        let doing = format!("stop child {child}");
+        let request = self.request(reqwest::Method::DELETE, self.url(&["job", &child.0]));
         self.send(&doing, request).await?;
         Ok(())
     }
@@ -636,7 +722,11 @@ mod tests {
                 serde_json::json!({"r": {"Queued": 1}, "s": {"Running": 1}}),
                 Placement::Placed,
             ),
-            (serde_json::json!({"r": {"Failed": 1}}), Placement::Finished),
+            (serde_json::json!({"r": {"Failed": 1}}), Placement::Failed),
+            (
+                serde_json::json!({"r": {"Failed": 1, "Complete": 1}}),
+                Placement::Finished,
+            ),
             (
                 serde_json::json!({"r": {"Complete": 1, "Lost": 1}}),
                 Placement::Finished,

@@ -84,6 +84,10 @@ pub struct Profile {
     pub label: String,
     /// Caps this profile's in-flight children; `None` leaves only the repo's cap.
     pub max_concurrent: Option<u32>,
+    /// `hardBoundMinutes`: a runner of this profile still busy past this age is torn down as
+    /// wedged; `None` keeps `--hard-bound`. A bound below a job's `timeout-minutes` kills that
+    /// job.
+    pub hard_bound: Option<std::time::Duration>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -151,7 +151,11 @@ const REPO_FIELDS: &[&str] = &[
     "defaultJob",
     "labels",
 ];
-const PROFILE_FIELDS: &[&str] = &["job", "label", "maxConcurrent"];
+const PROFILE_FIELDS: &[&str] = &["job", "label", "maxConcurrent", "hardBoundMinutes"];
+
+/// The longest `hardBoundMinutes` accepted: GitHub's 5-day job limit is far below it, and a
+/// larger value is more likely a unit mistake than a wish.
+const HARD_BOUND_MINUTES_MAX: u64 = 30 * 24 * 60;
 
 /// Looks up known fields of one object, reporting unknown and duplicate keys (the first of
 /// duplicates is the one validated further).
@@ -439,6 +443,9 @@ fn profiles(report: &mut Report<'_>, value: &Json) -> Vec<Option<Profile>> {
         let max_concurrent = found
             .get("maxConcurrent")
             .and_then(|v| cap(report, &format!("{path}.maxConcurrent"), v));
+        let hard_bound = found
+            .get("hardBoundMinutes")
+            .and_then(|v| hard_bound_minutes(report, &format!("{path}.hardBoundMinutes"), v));
         if report.count() > before {
             out.push(None);
             continue;
@@ -448,6 +455,7 @@ fn profiles(report: &mut Report<'_>, value: &Json) -> Vec<Option<Profile>> {
                 job,
                 label,
                 max_concurrent,
+                hard_bound,
             })),
             _ => out.push(None),
         }
@@ -496,6 +504,31 @@ fn string<'j>(report: &mut Report<'_>, field: &str, value: &'j Json) -> Option<&
             None
         }
     }
+}
+
+/// A profile's hard bound: whole minutes, at least 1.
+fn hard_bound_minutes(
+    report: &mut Report<'_>,
+    field: &str,
+    value: &Json,
+) -> Option<std::time::Duration> {
+    let message = match value {
+        Json::Number(Number::Unsigned(n)) if (1..=HARD_BOUND_MINUTES_MAX).contains(n) => {
+            return Some(std::time::Duration::from_secs(n * 60));
+        }
+        Json::Number(Number::Unsigned(n)) if *n == 0 => {
+            "0 would tear down every runner at once: expected whole minutes of at least 1"
+                .to_string()
+        }
+        Json::Number(Number::Unsigned(n)) => {
+            format!("{n} is too large (at most {HARD_BOUND_MINUTES_MAX} minutes)")
+        }
+        Json::Number(Number::Signed(n)) => format!("{n} is negative: expected whole minutes"),
+        Json::Number(Number::Float(n)) => format!("{n} is not a whole number of minutes"),
+        other => format!("expected whole minutes, found {}", other.kind()),
+    };
+    report.field(field, message);
+    None
 }
 
 /// A cap: a whole number from 0 (pauses) to u32::MAX.
@@ -744,6 +777,7 @@ mod tests {
             job: job.into(),
             label: label.into(),
             max_concurrent: cap,
+            hard_bound: None,
         }
     }
 

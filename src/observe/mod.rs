@@ -115,8 +115,19 @@ pub enum Placement {
     Unplaced,
     /// An allocation is starting or running.
     Placed,
-    /// Its allocations have all finished.
+    /// Its allocations have all finished, none of them failed.
     Finished,
+    /// Its allocations have all finished and one failed: the runner exited with an error or
+    /// could not start (a bad image, a bad credential). A failed start unless its runner was
+    /// seen taking a job.
+    Failed,
+}
+
+impl Placement {
+    /// Whether an allocation may run a runner right now.
+    pub fn is_placed(self) -> bool {
+        matches!(self, Placement::Placed)
+    }
 }
 
 /// One child of a parent job, keeping only the meta the daemon uses. Secrets in meta (a
@@ -136,6 +147,21 @@ pub struct Child {
     pub runner_name: Option<RunnerName>,
     /// Nomad's `SubmitTime`.
     pub submitted_at: Option<DateTime<Utc>>,
+    /// When the loop first saw it placed (Nomad's listing carries no allocation times); filled
+    /// in by the loop from its memory, so after a restart it counts from the first tick.
+    pub placed_at: Option<DateTime<Utc>>,
+}
+
+/// A runner registration as the forge lists it (GitHub `GET …/actions/runners`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunnerRegistration {
+    pub id: u64,
+    pub name: RunnerName,
+    /// `status == "online"`: the runner's listener is connected.
+    pub online: bool,
+    /// The forge's `busy` flag. Seen to read false for up to a minute after a job started
+    /// (BRIEF lesson 2), so it is one signal among several, never the verdict alone.
+    pub busy: bool,
 }
 
 /// Lists a parent job's children. Implemented by the Nomad client.
@@ -143,6 +169,10 @@ pub struct Child {
 pub trait ChildSource: Send + Sync {
     /// All children of `parent` (ours and foreign) in one request.
     async fn list_children(&self, parent: &str) -> Result<Vec<Child>, PortError>;
+
+    /// Every parent that has children of ours, whatever the document names: what a daemon
+    /// started after an edit of the document (or a restart) needs to count and purge them.
+    async fn parents_with_our_children(&self) -> Result<BTreeSet<String>, PortError>;
 }
 
 /// A fact the tick could not read. Whatever depends on it is held back this tick.
@@ -170,6 +200,10 @@ pub struct Snapshot {
     pub parents: BTreeMap<String, Result<Vec<Child>, Gap>>,
     /// `repo_url` meta value → repo, for every repo of the document.
     pub repo_urls: BTreeMap<String, RepoName>,
+    /// Why the parents of our children could not be found from Nomad alone, as long as they
+    /// never were since the daemon started: children of a parent the document no longer names
+    /// may be missing from every count, so nothing is dispatched.
+    pub undiscovered: Option<Gap>,
 }
 
 /// A child attributed to its bucket.

@@ -58,6 +58,7 @@ fn profile() -> impl Strategy<Value = Profile> {
             job: PARENTS[job].into(),
             label: PROFILE_LABELS[label].into(),
             max_concurrent: cap,
+            hard_bound: None,
         })
 }
 
@@ -163,6 +164,7 @@ fn child() -> impl Strategy<Value = Child> {
             labels: labels.map(String::from),
             runner_name: runner.map(|r| RunnerName(r.into())),
             submitted_at: None,
+            placed_at: None,
         })
 }
 
@@ -242,7 +244,10 @@ fn world() -> impl Strategy<Value = World> {
                     config,
                     snapshot,
                     holds,
-                    settings: PlanSettings { max_in_flight: cap },
+                    settings: PlanSettings {
+                        max_in_flight: cap,
+                        ..PlanSettings::default()
+                    },
                 }
             },
         )
@@ -260,6 +265,10 @@ proptest! {
             holds: &w.holds,
             now: t0(),
         };
-        prop_assert_eq!(plan(input), reference::plan(input));
+        // Nominations are a pass of their own over the same supply and demand, checked by the
+        // nomination tests; the plain formulation stops at dispatches and purges.
+        let mut indexed = plan(input);
+        indexed.nominations.clear();
+        prop_assert_eq!(indexed, reference::plan(input));
     }
 }

@@ -11,26 +11,37 @@
 //! caps and buckets that share a cap are served oldest queued job first.
 
 mod index;
+pub mod reap;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 use chrono::{DateTime, Utc};
 
-use crate::config::{Config, RepoConfig, Route, Unroutable};
-use crate::model::{BucketKey, ChildId, LabelRejection, RepoName};
-use crate::observe::{JobState, Snapshot};
+use crate::config::{Config, Mode, RepoConfig, Route, Unroutable};
+use crate::model::{BucketKey, ChildId, LabelRejection, LabelSet, RepoName, RunnerName};
+use crate::observe::{Child, JobState, Snapshot};
+use reap::{Allocation, Nomination, ReapPolicy, RunnerApi};
 
 use index::{Bucket, Buckets, JobsOfRepo, LabelSets, QueuedJobs, RepoSlot, Repos};
-// The table tests name these through `super::*`.
-#[cfg(test)]
-use crate::model::{LabelSet, RunnerName};
 
 /// Limits from process settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct PlanSettings {
     /// `--max-in-flight`: caps all our in-flight children; `None` leaves only the per-repo caps.
     pub max_in_flight: Option<u32>,
+    /// When runners are taken back.
+    pub reap: ReapPolicy,
+}
+
+/// A bucket whose runners keep failing to start (BRIEF lesson 7): its dispatches back off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CrashBackoff {
+    /// Failed starts in a row, since a runner of the bucket last took a job.
+    pub failed_starts: u32,
+    /// No dispatch before this; from then on one at a time, a probe, until a runner takes a
+    /// job.
+    pub next_dispatch_at: DateTime<Utc>,
 }
 
 /// Dispatching held back by something the loop learned earlier (a refusal, an error that
@@ -41,6 +52,8 @@ pub struct Holds {
     pub parents: BTreeMap<(String, RepoName), String>,
     /// repo → why dispatching for the repo is held (e.g. minting was refused).
     pub repos: BTreeMap<RepoName, String>,
+    /// Buckets backing off after failed starts.
+    pub crash_backoff: BTreeMap<BucketKey, CrashBackoff>,
 }
 
 /// Everything the planner reads.
@@ -73,6 +86,15 @@ pub enum HoldReason {
     NotConfigured,
     /// Held by an earlier refusal until it is fixed or retried.
     Held(String),
+    /// Its runners keep failing to start: no dispatch before `until`, then one at a time.
+    CrashLoop {
+        failed_starts: u32,
+        until: DateTime<Utc>,
+    },
+    /// Backing off after failed starts: one runner (a probe) goes out at a time.
+    Probing {
+        failed_starts: u32,
+    },
 }
 
 impl fmt::Display for HoldReason {
@@ -88,6 +110,18 @@ impl fmt::Display for HoldReason {
             HoldReason::Unroutable(why) => write!(f, "unroutable: {why}"),
             HoldReason::NotConfigured => f.write_str("repo not in the document"),
             HoldReason::Held(why) => write!(f, "held: {why}"),
+            HoldReason::CrashLoop {
+                failed_starts,
+                until,
+            } => write!(
+                f,
+                "crash loop: {failed_starts} failed start(s) in a row; next dispatch at {}",
+                until.to_rfc3339()
+            ),
+            HoldReason::Probing { failed_starts } => write!(
+                f,
+                "crash loop: {failed_starts} failed start(s) in a row; one runner at a time until one takes a job"
+            ),
         }
     }
 }
@@ -144,6 +178,25 @@ pub struct UnroutableJob {
     pub reason: UnroutableReason,
 }
 
+/// A child the rules put up for teardown, with what [`reap::decide`] needs besides the
+/// readings the loop takes afterwards.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Nominated {
+    pub child: ChildId,
+    pub nomination: Nomination,
+    /// The document's repo it runs for, if it names one.
+    pub repo: Option<RepoName>,
+    pub labels: Option<LabelSet>,
+    pub runner: Option<RunnerName>,
+    pub api: RunnerApi,
+    /// As the listing shows it; the act step re-reads before stopping an unplaced child.
+    pub allocation: Allocation,
+    /// Since the child was submitted.
+    pub age: std::time::Duration,
+    /// With the profile's hard bound, where it sets one.
+    pub policy: ReapPolicy,
+}
+
 /// What one tick should do, and why.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
@@ -152,6 +205,8 @@ pub struct Plan {
     pub dispatches: Vec<PlannedDispatch>,
     /// Our children whose status is dead (to be re-read before purging).
     pub purges: Vec<ChildId>,
+    /// Children put up for teardown, in child id order.
+    pub nominations: Vec<Nominated>,
     pub unroutable: Vec<UnroutableJob>,
     /// Queued jobs across all repos read this tick.
     pub queued_total: u32,
@@ -180,6 +235,8 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
     // `repo_url` meta → repo slot: a repo's children share one URL.
     let mut repo_of_url: HashMap<&str, Option<usize>> =
         HashMap::with_capacity(snapshot.repo_urls.len());
+    // Every in-flight child of ours with its repo slot and bucket, for the nominations.
+    let mut flight: Vec<(&Child, Option<usize>, Option<usize>)> = Vec::with_capacity(listed);
     for child in snapshot.our_listed_children() {
         if !child.status.is_in_flight() {
             out.purges.push(child.id.clone());
@@ -193,6 +250,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             None => None,
         };
         let Some(repo) = repo else {
+            flight.push((child, None, None));
             continue;
         };
         repos.slots[repo].in_flight += 1;
@@ -201,6 +259,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             .as_deref()
             .and_then(|meta| label_sets.of_meta(meta))
         else {
+            flight.push((child, Some(repo), None));
             continue;
         };
         let bucket = buckets.get_or_insert(repo, labels);
@@ -208,7 +267,10 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         if let Some(name) = &child.runner_name {
             runners.insert(&name.0, bucket);
         }
+        flight.push((child, Some(repo), Some(bucket)));
     }
+    // Runners a job in progress names: busy, whatever else is said of them.
+    let mut named_busy: std::collections::HashSet<&str> = std::collections::HashSet::new();
     out.purges.sort();
 
     // Demand, from the forges.
@@ -252,6 +314,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
                         && buckets.all[bucket].repo == repo
                     {
                         buckets.all[bucket].in_progress += 1;
+                        named_busy.insert(name.0.as_str());
                     }
                 }
                 JobState::InProgress { runner: None } => {}
@@ -304,6 +367,12 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             .collect(),
         settings,
         global_gap: first_parent_gap(snapshot, snapshot.parents.keys()),
+        undiscovered: snapshot.undiscovered.as_ref().map(|gap| {
+            format!(
+                "the parents of our children could not be listed: {}",
+                gap.message
+            )
+        }),
     };
 
     struct Candidate {
@@ -311,6 +380,8 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         index: usize,
         repo: usize,
         profile: Option<usize>,
+        /// At most this many dispatches this tick (a bucket probing after failed starts).
+        limit: Option<u32>,
     }
     let mut candidates = Vec::new();
     // Every missing runner as (when the job it would serve was queued, candidate), the time
@@ -319,6 +390,8 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
     let mut units: Vec<(i64, u32, usize)> = Vec::with_capacity(out.queued_total as usize);
     let mut queued_jobs = queued_jobs.by_bucket(&buckets.all);
     out.buckets.reserve(order.len());
+    // Bucket index → its place in `out.buckets`.
+    let mut plan_index = vec![usize::MAX; buckets.all.len()];
     for (_, _, b) in order {
         let Bucket {
             repo,
@@ -351,7 +424,16 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
                     reason: UnroutableReason::NoRoute(why.clone()),
                 }));
         }
-        let hold = hold_before_caps(missing, slot, route, &facts);
+        let crash = holds.crash_backoff.get(&key);
+        let hold = hold_before_caps(missing, slot, route, &facts).or_else(|| {
+            crash
+                .filter(|c| missing > 0 && now < c.next_dispatch_at)
+                .map(|c| HoldReason::CrashLoop {
+                    failed_starts: c.failed_starts,
+                    until: c.next_dispatch_at,
+                })
+        });
+        plan_index[b] = out.buckets.len();
         let reason = if hold.is_some() {
             hold
         } else if missing == 0 {
@@ -364,6 +446,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
                     index: out.buckets.len(),
                     repo,
                     profile: route.profile,
+                    limit: crash.map(|_| 1),
                 });
                 units.extend(
                     jobs[first..]
@@ -405,7 +488,16 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         let bucket = &mut out.buckets[cand.index];
         let used = &mut repos.slots[cand.repo];
         let repo_config = used.config.expect("candidates have a route, so a config");
-        let blocked = if settings.max_in_flight.is_some_and(|cap| total_used >= cap) {
+        let blocked = if let Some(limit) = cand.limit
+            && bucket.to_dispatch >= limit
+        {
+            Some(HoldReason::Probing {
+                failed_starts: holds
+                    .crash_backoff
+                    .get(&bucket.key)
+                    .map_or(0, |c| c.failed_starts),
+            })
+        } else if settings.max_in_flight.is_some_and(|cap| total_used >= cap) {
             Some(HoldReason::GlobalCap)
         } else if used.in_flight >= repo_config.max_concurrent {
             Some(HoldReason::RepoCap)
@@ -436,6 +528,149 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             }
         }
     }
+    out.nominations = nominate(
+        &flight,
+        &buckets.all,
+        &repos.slots,
+        &named_busy,
+        &routes_for_reap(&buckets.all, &repos.slots, &label_sets),
+        settings.reap,
+        now,
+    );
+    out
+}
+
+/// Each bucket's route again, for the hard bound of its profile (the first pass moved them
+/// into the bucket plans).
+fn routes_for_reap(
+    buckets: &[Bucket],
+    slots: &[RepoSlot<'_>],
+    label_sets: &LabelSets<'_>,
+) -> Vec<Option<Route>> {
+    buckets
+        .iter()
+        .map(|b| {
+            slots[b.repo]
+                .config
+                .and_then(|r| r.route(label_sets.get(b.labels)).ok())
+        })
+        .collect()
+}
+
+/// The rules' nominations (see [`reap::Nomination`]), in child id order. A child is
+/// nominated once, for the first of: unplaced past the placement timeout, older than its
+/// hard bound, surplus in its bucket, or (app mode) placed past the grace window and named by
+/// no job in progress.
+fn nominate(
+    flight: &[(&Child, Option<usize>, Option<usize>)],
+    buckets: &[Bucket],
+    slots: &[RepoSlot<'_>],
+    named_busy: &std::collections::HashSet<&str>,
+    routes: &[Option<Route>],
+    policy: ReapPolicy,
+    now: DateTime<Utc>,
+) -> Vec<Nominated> {
+    let age_of = |child: &Child| -> std::time::Duration {
+        child
+            .submitted_at
+            .and_then(|t| (now - t).to_std().ok())
+            // A child without a submit time has no known age: never old enough to nominate.
+            .unwrap_or_default()
+    };
+    let busy = |child: &Child| {
+        child
+            .runner_name
+            .as_ref()
+            .is_some_and(|n| named_busy.contains(n.0.as_str()))
+    };
+    // Surplus per bucket: which of its children go, unplaced ones first (no runner exists),
+    // then the oldest. Never one a job in progress names.
+    let mut surplus: std::collections::HashSet<&ChildId> = std::collections::HashSet::new();
+    let mut by_bucket: HashMap<Option<usize>, Vec<&Child>> = HashMap::new();
+    for (child, repo, bucket) in flight {
+        // A child the planner cannot attribute to a bucket of a readable queue has no demand
+        // it could serve: a leftover of a repo that left the document, or of an edit.
+        let demand_known = repo.is_some_and(|r| slots[r].queue_gap.is_none());
+        let key = match (bucket, demand_known) {
+            (Some(b), true) => Some(*b),
+            (_, true) => None,
+            (_, false) if repo.is_some_and(|r| slots[r].config.is_some()) => continue,
+            _ => None,
+        };
+        if !busy(child) {
+            by_bucket.entry(key).or_default().push(child);
+        }
+    }
+    for (bucket, mut idle) in by_bucket {
+        let excess = match bucket {
+            Some(b) => {
+                let b = &buckets[b];
+                if b.queued > 0 {
+                    continue;
+                }
+                let in_progress = (b.in_progress + b.claimed.min(b.supply)).min(b.supply);
+                b.supply.saturating_sub(in_progress) as usize
+            }
+            None => idle.len(),
+        };
+        idle.sort_by_key(|c| (c.placement.is_placed(), c.submitted_at, &c.id));
+        surplus.extend(idle.into_iter().take(excess).map(|c| &c.id));
+    }
+
+    let mut out = Vec::new();
+    for (child, repo, bucket) in flight {
+        let config = repo.and_then(|r| slots[r].config);
+        let mut child_policy = policy;
+        if let (Some(config), Some(Some(route))) = (config, bucket.map(|b| &routes[b]))
+            && let Some(bound) = route.profile.and_then(|i| config.profiles[i].hard_bound)
+        {
+            child_policy.hard_bound = bound;
+        }
+        let age = age_of(child);
+        let placed = child.placement.is_placed();
+        let app = config.is_some_and(|c| matches!(c.mode, Mode::App));
+        let nomination = if !placed && age >= child_policy.placement_timeout {
+            Nomination::PlacementTimeout
+        } else if age >= child_policy.hard_bound {
+            Nomination::Wedged
+        } else if surplus.contains(&child.id) {
+            Nomination::Surplus
+        } else if app
+            && !busy(child)
+            && child
+                .placed_at
+                .and_then(|at| (now - at).to_std().ok())
+                .is_some_and(|placed_for| placed_for >= child_policy.orphan_grace)
+        {
+            // Counted from placement: a runner cannot register before its allocation runs.
+            Nomination::Unregistered
+        } else {
+            continue;
+        };
+        out.push(Nominated {
+            child: child.id.clone(),
+            nomination,
+            repo: config.map(|c| c.repo.clone()),
+            labels: child
+                .labels
+                .as_deref()
+                .and_then(|m| LabelSet::from_meta(m).ok()),
+            runner: child.runner_name.clone(),
+            api: if app {
+                RunnerApi::Registrations
+            } else {
+                RunnerApi::None
+            },
+            allocation: if placed {
+                Allocation::Live
+            } else {
+                Allocation::None
+            },
+            age,
+            policy: child_policy,
+        });
+    }
+    out.sort_by(|a, b| a.child.cmp(&b.child));
     out
 }
 
@@ -499,6 +734,8 @@ struct HoldFacts<'a> {
     settings: PlanSettings,
     /// The first parent listing that failed, if any.
     global_gap: Option<String>,
+    /// Why children of parents the document does not name may be missing from the counts.
+    undiscovered: Option<String>,
 }
 
 /// What stops a bucket from dispatching regardless of caps, in order of precedence.
@@ -528,6 +765,9 @@ fn hold_before_caps(
     if let Some(gap) = &slot.parent_gap {
         return Some(HoldReason::InFlightUnknown(gap.clone()));
     }
+    if let Some(gap) = &facts.undiscovered {
+        return Some(HoldReason::InFlightUnknown(gap.clone()));
+    }
     if facts.settings.max_in_flight.is_some()
         && let Some(gap) = &facts.global_gap
     {
@@ -547,6 +787,8 @@ fn hold_before_caps(
 
 #[cfg(test)]
 mod agreement;
+#[cfg(test)]
+mod reap_table;
 #[cfg(test)]
 mod reference;
 #[cfg(test)]

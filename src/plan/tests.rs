@@ -42,6 +42,7 @@ fn with_profile(mut r: RepoConfig, job: &str, label: &str, cap: Option<u32>) -> 
         job: job.into(),
         label: label.into(),
         max_concurrent: cap,
+        hard_bound: None,
     });
     r
 }
@@ -122,6 +123,7 @@ impl World {
             labels: Some(labels(child_labels).to_meta()),
             runner_name: Some(RunnerName(runner.into())),
             submitted_at: None,
+            placed_at: None,
         };
         self.snapshot
             .parents

@@ -6,7 +6,8 @@
 use serde::Serialize;
 use tracing::{debug, info, warn};
 
-use crate::act::execute::{ActReport, DispatchOutcome, PurgeOutcome};
+use crate::act::execute::{ActReport, DispatchOutcome, PurgeOutcome, ReapOutcome};
+use crate::plan::reap::{Judgement, Outcome};
 use crate::plan::{BucketPlan, Plan, UnroutableJob};
 
 /// One bucket, as shown by `once --dry-run`, `status` and `--json`.
@@ -61,6 +62,22 @@ pub struct PurgeView {
     pub outcome: String,
 }
 
+/// One nominated child: what the signals said, what was decided and (unless a dry run) done.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct ReapView {
+    pub child: String,
+    pub repo: Option<String>,
+    pub labels: Option<String>,
+    pub runner_name: Option<String>,
+    pub nomination: &'static str,
+    pub verdict: &'static str,
+    /// reaped, replaced, escaped, vetoed, held or kept: the decision, or what reality made
+    /// of it at the moment of acting.
+    pub outcome: &'static str,
+    pub reason: String,
+    pub age_s: u64,
+}
+
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct UnroutableView {
     pub repo: String,
@@ -90,6 +107,12 @@ pub struct TickView {
     /// Children to purge (dry run) or what purging them did.
     pub purges: Vec<PurgeView>,
     pub unroutable: Vec<UnroutableView>,
+    /// Children nominated for teardown and their fate.
+    pub reaps: Vec<ReapView>,
+    /// Decisions of this tick counted by `outcome/verdict`.
+    pub reap_decisions: std::collections::BTreeMap<String, u32>,
+    /// Children stopped this tick.
+    pub stopped: u32,
     /// Sources that could not be read this tick.
     pub gaps: Vec<String>,
     /// Why nothing could be planned at all (no valid document).
@@ -97,8 +120,26 @@ pub struct TickView {
 }
 
 impl TickView {
-    pub fn new(plan: &Plan, act: Option<&ActReport>, gaps: Vec<String>) -> TickView {
+    pub fn new(
+        plan: &Plan,
+        judgements: &[Judgement],
+        act: Option<&ActReport>,
+        gaps: Vec<String>,
+    ) -> TickView {
         let dry_run = act.is_none();
+        let reaps: Vec<ReapView> = judgements.iter().map(|j| reap_view(j, act)).collect();
+        let mut reap_decisions = std::collections::BTreeMap::new();
+        for r in &reaps {
+            *reap_decisions
+                .entry(format!("{}/{}", r.outcome, r.verdict))
+                .or_insert(0) += 1;
+        }
+        let stopped = act.map_or(0, |a| {
+            a.reaps
+                .iter()
+                .filter(|r| matches!(r, ReapOutcome::Stopped { .. }))
+                .count() as u32
+        });
         let dispatches = match act {
             Some(act) => act.dispatches.iter().map(dispatch_view).collect(),
             None => plan
@@ -136,6 +177,9 @@ impl TickView {
             dispatches,
             purges,
             unroutable: plan.unroutable.iter().map(UnroutableView::from).collect(),
+            reaps,
+            reap_decisions,
+            stopped,
             gaps,
             idle_reason: None,
         }
@@ -184,6 +228,13 @@ impl TickView {
                 b.cap.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
                 b.to_dispatch,
                 b.reason.as_deref().unwrap_or("")
+            );
+        }
+        for r in &self.reaps {
+            let _ = writeln!(
+                out,
+                "take back {} ({}, {}): {} - {}",
+                r.child, r.nomination, r.verdict, r.outcome, r.reason
             );
         }
         for p in &self.purges {
@@ -266,6 +317,33 @@ fn dispatch_view(d: &DispatchOutcome) -> DispatchView {
     }
 }
 
+fn reap_view(j: &Judgement, act: Option<&ActReport>) -> ReapView {
+    let n = &j.nominated;
+    let acted = act.and_then(|a| {
+        a.reaps.iter().find(|r| match r {
+            ReapOutcome::Stopped { child, .. }
+            | ReapOutcome::Kept { child, .. }
+            | ReapOutcome::Failed { child, .. } => *child == n.child,
+        })
+    });
+    let (outcome, reason) = match acted {
+        Some(ReapOutcome::Kept { outcome, why, .. }) => (outcome.as_str(), why.clone()),
+        Some(ReapOutcome::Failed { error, .. }) => ("failed", error.message.clone()),
+        _ => (j.decision.outcome.as_str(), j.decision.reason.to_string()),
+    };
+    ReapView {
+        child: n.child.to_string(),
+        repo: n.repo.as_ref().map(ToString::to_string),
+        labels: n.labels.as_ref().map(|l| l.to_meta()),
+        runner_name: n.runner.as_ref().map(ToString::to_string),
+        nomination: n.nomination.as_str(),
+        verdict: j.verdict.as_str(),
+        outcome,
+        reason,
+        age_s: n.age.as_secs(),
+    }
+}
+
 fn purge_view(p: &PurgeOutcome) -> PurgeView {
     let (child, outcome) = match p {
         PurgeOutcome::Purged(c) => (c, "purged".to_string()),
@@ -316,6 +394,55 @@ pub fn log_act(act: &ActReport) {
                 parent,
                 why,
             } => debug!(repo = %bucket.repo, job = %parent, "dispatch skipped: {why}"),
+        }
+    }
+    for r in &act.reaps {
+        match r {
+            ReapOutcome::Stopped {
+                child,
+                outcome: Outcome::Escaped,
+                reason,
+                deregistered,
+            } => warn!(
+                child = %child,
+                outcome = "escaped",
+                deregistered = deregistered.is_some(),
+                "runner escaped the veto and was stopped: {reason}"
+            ),
+            ReapOutcome::Stopped {
+                child,
+                outcome,
+                reason,
+                deregistered,
+            } => info!(
+                child = %child,
+                outcome = outcome.as_str(),
+                deregistered = deregistered.is_some(),
+                "took a runner back: {reason}"
+            ),
+            ReapOutcome::Kept {
+                child,
+                outcome,
+                why,
+            } => info!(
+                child = %child,
+                outcome = outcome.as_str(),
+                "reap vetoed at the moment of acting: {why}"
+            ),
+            ReapOutcome::Failed { error, .. } => {
+                warn!(class = error.class.as_str(), "{}", error.message)
+            }
+        }
+    }
+    for (registration, answer) in &act.deregistrations {
+        match answer {
+            Ok(answer) => info!(
+                repo = %registration.repo,
+                runner_name = %registration.name,
+                answer = ?answer,
+                "deleted a stale registration of one of our runners"
+            ),
+            Err(error) => warn!(class = error.class.as_str(), "{}", error.message),
         }
     }
     for p in &act.purges {

@@ -9,12 +9,15 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use crate::act::{ChildControl, DispatchRequest, Dispatched, Registrar, RegistrationToken};
+use crate::act::{
+    ChildControl, Deregistration, DispatchRequest, Dispatched, Registrar, RegistrationToken,
+    RunnerRegistry,
+};
 use crate::config::RepoConfig;
 use crate::model::{ChildId, ErrorClass, LabelSet, RepoName, RunnerName};
 use crate::observe::{
     Child, ChildSource, ChildStatus, ForgeJob, JobState, Placement, PortError, QueueSource,
-    RepoJobs,
+    RepoJobs, RunnerRegistration,
 };
 use crate::secrets::SecretString;
 
@@ -48,6 +51,14 @@ struct State {
     /// Every dispatch request, in order: (parent, labels meta, runner name, minted).
     dispatch_log: Vec<(String, String, RunnerName, bool)>,
     mints: u64,
+    /// Every child stopped, in order.
+    stopped: Vec<ChildId>,
+    /// Runner registrations: id → (repo, registration).
+    registrations: BTreeMap<u64, (RepoName, RunnerRegistration)>,
+    /// Registrations deleted, in order.
+    deregistered: Vec<u64>,
+    /// The runner listing answers with a transient error until switched back.
+    runners_down: bool,
 }
 
 /// The shared world; clone it freely.
@@ -89,6 +100,47 @@ impl MemoryWorld {
         id
     }
 
+    /// The runner of `child` registers with the forge, online and idle; returns its id.
+    pub fn register_runner(&self, child: &ChildId) -> u64 {
+        let mut s = self.state.lock().unwrap();
+        s.next_id += 1;
+        let id = s.next_id;
+        let c = &s.children[child].child;
+        let repo = c
+            .repo_url
+            .as_deref()
+            .and_then(|url| url.strip_prefix("https://github.com/"))
+            .and_then(RepoName::parse)
+            .expect("a child of ours names its repo");
+        let registration = RunnerRegistration {
+            id,
+            name: c
+                .runner_name
+                .clone()
+                .expect("a child of ours names its runner"),
+            online: true,
+            busy: false,
+        };
+        s.registrations.insert(id, (repo, registration));
+        id
+    }
+
+    /// Sets the `busy` flag the forge shows for a registration (it may lag the truth).
+    pub fn set_runner_busy(&self, runner_id: u64, busy: bool) {
+        if let Some((_, r)) = self.state.lock().unwrap().registrations.get_mut(&runner_id) {
+            r.busy = busy;
+        }
+    }
+
+    /// Registrations deleted so far, in order.
+    pub fn deregistered(&self) -> Vec<u64> {
+        self.state.lock().unwrap().deregistered.clone()
+    }
+
+    pub fn set_runners_down(&self, down: bool) {
+        self.state.lock().unwrap().runners_down = down;
+    }
+
     /// The runner of `child` takes job `job` (it must be placed and idle).
     pub fn take_job(&self, child: &ChildId, job: u64) {
         let mut s = self.state.lock().unwrap();
@@ -113,6 +165,8 @@ impl MemoryWorld {
                     c.child.placement = Placement::Finished;
                 }
             }
+            // An ephemeral runner deregisters after its one job.
+            s.registrations.retain(|_, (_, r)| r.name != runner);
         }
     }
 
@@ -136,6 +190,11 @@ impl MemoryWorld {
 
     pub fn jobs(&self) -> BTreeMap<u64, MemoryJob> {
         self.state.lock().unwrap().jobs.clone()
+    }
+
+    /// Children stopped so far, in order.
+    pub fn stopped(&self) -> Vec<ChildId> {
+        self.state.lock().unwrap().stopped.clone()
     }
 
     pub fn dispatch_count(&self) -> usize {
@@ -168,6 +227,7 @@ impl MemoryWorld {
             labels: None,
             runner_name: None,
             submitted_at: None,
+            placed_at: None,
         };
         s.children.insert(
             id.clone(),
@@ -242,6 +302,20 @@ impl ChildSource for MemoryWorld {
             .map(|c| c.child.clone())
             .collect())
     }
+
+    async fn parents_with_our_children(
+        &self,
+    ) -> Result<std::collections::BTreeSet<String>, PortError> {
+        let s = self.state.lock().unwrap();
+        if s.nomad_down {
+            return Err(down("list jobs"));
+        }
+        Ok(s.children
+            .values()
+            .filter(|c| c.child.ours)
+            .map(|c| c.child.parent.clone())
+            .collect())
+    }
 }
 
 #[async_trait]
@@ -278,6 +352,7 @@ impl ChildControl for MemoryWorld {
             labels: Some(labels.clone()),
             runner_name: Some(request.meta.runner_name.clone()),
             submitted_at: Some(Self::now(&s)),
+            placed_at: None,
         };
         let runner_token = request
             .meta
@@ -321,6 +396,75 @@ impl ChildControl for MemoryWorld {
         s.children.remove(child);
         Ok(())
     }
+
+    async fn has_live_allocation(&self, child: &ChildId) -> Result<bool, PortError> {
+        let s = self.state.lock().unwrap();
+        if s.nomad_down {
+            return Err(down("read allocations"));
+        }
+        Ok(s.children.get(child).is_some_and(|c| {
+            c.child.placement == Placement::Placed && c.child.status.is_in_flight()
+        }))
+    }
+
+    async fn stop(&self, child: &ChildId) -> Result<(), PortError> {
+        let mut s = self.state.lock().unwrap();
+        if s.nomad_down {
+            return Err(down("stop"));
+        }
+        if let Some(c) = s.children.get_mut(child) {
+            c.child.status = ChildStatus::Dead;
+            if c.child.placement == Placement::Placed {
+                c.child.placement = Placement::Finished;
+            }
+        }
+        s.stopped.push(child.clone());
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl RunnerRegistry for MemoryWorld {
+    async fn list_runners(&self, repo: &RepoConfig) -> Result<Vec<RunnerRegistration>, PortError> {
+        let s = self.state.lock().unwrap();
+        if s.forge_down || s.runners_down {
+            return Err(down("list runners"));
+        }
+        Ok(s.registrations
+            .values()
+            .filter(|(r, _)| *r == repo.repo)
+            .map(|(_, registration)| registration.clone())
+            .collect())
+    }
+
+    async fn delete_runner(
+        &self,
+        repo: &RepoConfig,
+        runner_id: u64,
+    ) -> Result<Deregistration, PortError> {
+        let mut s = self.state.lock().unwrap();
+        if s.forge_down {
+            return Err(down("delete runner"));
+        }
+        // The forge refuses on its own truth: a runner that was handed a job is busy, whatever
+        // its listed flag said.
+        let busy_in_truth = |s: &State, name: &RunnerName| {
+            s.jobs
+                .values()
+                .any(|j| matches!(&j.state, JobState::InProgress { runner: Some(r) } if r == name))
+        };
+        match s.registrations.get(&runner_id) {
+            Some((r, registration)) if *r == repo.repo => {
+                if registration.busy || busy_in_truth(&s, &registration.name) {
+                    return Ok(Deregistration::StillBusy);
+                }
+                s.registrations.remove(&runner_id);
+                s.deregistered.push(runner_id);
+                Ok(Deregistration::Deleted)
+            }
+            _ => Ok(Deregistration::NotFound),
+        }
+    }
 }
 
 impl MemoryWorld {
@@ -329,6 +473,7 @@ impl MemoryWorld {
         let forge = || crate::control_loop::Forge {
             queue: Arc::new(self.clone()),
             registrar: Arc::new(self.clone()),
+            runners: Some(Arc::new(self.clone()) as Arc<dyn RunnerRegistry>),
         };
         crate::control_loop::Services {
             github: Some(forge()),

@@ -44,11 +44,13 @@ fn world() -> (Config, Snapshot) {
                         job: "go-ci-runner".into(),
                         label: "go".into(),
                         max_concurrent: Some(4),
+                        hard_bound: None,
                     },
                     Profile {
                         job: "vm-runner".into(),
                         label: "vm".into(),
                         max_concurrent: Some(1),
+                        hard_bound: None,
                     },
                 ],
                 default_job: Some("ci-runner".into()),
@@ -103,6 +105,7 @@ fn world() -> (Config, Snapshot) {
                 labels: Some(labels.to_meta()),
                 runner_name: Some(RunnerName(format!("{parent}-{id:012x}"))),
                 submitted_at: None,
+                placed_at: None,
             });
         }
     }
@@ -122,6 +125,7 @@ fn bench_plan(c: &mut Criterion) {
         snapshot: &snapshot,
         settings: PlanSettings {
             max_in_flight: Some(5_000),
+            ..PlanSettings::default()
         },
         holds: &holds,
         now,

@@ -31,11 +31,11 @@ use serde::de::DeserializeOwned;
 use tracing::{debug, instrument};
 use url::Url;
 
-use crate::act::{Registrar, RegistrationToken};
+use crate::act::{Deregistration, Registrar, RegistrationToken, RunnerRegistry};
 use crate::clients::http::REQUEST_TIMEOUT_DEFAULT;
 use crate::config::{Mode, RepoConfig};
 use crate::model::{ErrorClass, RepoName, RunnerName};
-use crate::observe::{ForgeJob, JobState, PortError, QueueSource, RepoJobs};
+use crate::observe::{ForgeJob, JobState, PortError, QueueSource, RepoJobs, RunnerRegistration};
 use crate::secrets::SecretSource;
 
 use app_auth::{AppSigner, InstallationToken, Installations, Permission, TokenCache};
@@ -201,6 +201,16 @@ impl Page for wire::RunsPage {
     }
     fn into_items(self) -> Vec<wire::Run> {
         self.workflow_runs
+    }
+}
+
+impl Page for wire::RunnersPage {
+    type Item = wire::Runner;
+    fn total_count(&self) -> u64 {
+        self.total_count
+    }
+    fn into_items(self) -> Vec<wire::Runner> {
+        self.runners
     }
 }
 
@@ -574,6 +584,23 @@ impl GitHub {
         if_none_match: Option<&str>,
         doing: &str,
     ) -> Result<Answer, PortError> {
+        self.repo_call_answering(repo, permission, method, target, if_none_match, &[], doing)
+            .await
+    }
+
+    /// [`GitHub::repo_call`], returning the answer for the `answered` statuses too instead of
+    /// classifying them as a failure (a 422 that vetoes a deletion is an outcome).
+    #[allow(clippy::too_many_arguments)]
+    async fn repo_call_answering(
+        &self,
+        repo: &RepoConfig,
+        permission: Permission,
+        method: Method,
+        target: &Target,
+        if_none_match: Option<&str>,
+        answered: &[StatusCode],
+        doing: &str,
+    ) -> Result<Answer, PortError> {
         let mut retried = false;
         loop {
             let credential = self.credential(repo, permission).await?;
@@ -596,32 +623,29 @@ impl GitHub {
                 retried = true;
                 continue;
             }
-            if answer.is_success() || answer.status == StatusCode::NOT_MODIFIED {
+            if answer.is_success()
+                || answer.status == StatusCode::NOT_MODIFIED
+                || answered.contains(&answer.status)
+            {
                 return Ok(answer);
             }
             return Err(self.refusal(&credential.holder, &answer, doing));
         }
     }
 
-    /// GETs one listing page, conditionally when its body is cached.
+    /// GETs one listing page, conditionally when its body is cached and `seen` is given.
     async fn get_page(
         &self,
         repo: &RepoConfig,
+        permission: Permission,
         target: &Target,
         doing: &str,
-        seen: &mut HashMap<String, Conditional>,
+        seen: Option<&mut HashMap<String, Conditional>>,
     ) -> Result<(HeaderMap, String), PortError> {
         let key = target.as_key();
-        if !self.conditional_requests {
+        let Some(seen) = seen.filter(|_| self.conditional_requests) else {
             let answer = self
-                .repo_call(
-                    repo,
-                    Permission::ActionsRead,
-                    Method::GET,
-                    target,
-                    None,
-                    doing,
-                )
+                .repo_call(repo, permission, Method::GET, target, None, doing)
                 .await?;
             if answer.status == StatusCode::NOT_MODIFIED {
                 return Err(PortError::new(
@@ -630,7 +654,7 @@ impl GitHub {
                 ));
             }
             return Ok((answer.headers, answer.body));
-        }
+        };
         let cached = {
             let conditional = self.conditional.lock().expect("conditional cache lock");
             conditional
@@ -641,7 +665,7 @@ impl GitHub {
         let answer = self
             .repo_call(
                 repo,
-                Permission::ActionsRead,
+                permission,
                 Method::GET,
                 target,
                 cached.as_ref().map(|c| c.etag.as_str()),
@@ -681,13 +705,15 @@ impl GitHub {
         Ok((answer.headers, body))
     }
 
-    /// Follows every page of a listing that starts at `first` (a path with `per_page=100`).
+    /// Follows every page of a listing that starts at `first` (a path with `per_page=100`),
+    /// with a credential for `permission`; conditionally when `seen` collects the bodies.
     async fn walk<P: Page>(
         &self,
         repo: &RepoConfig,
+        permission: Permission,
         first: &str,
         doing: &str,
-        seen: &mut HashMap<String, Conditional>,
+        mut seen: Option<&mut HashMap<String, Conditional>>,
     ) -> Result<Listing<P::Item>, PortError> {
         let mut listing = Listing {
             items: Vec::new(),
@@ -696,7 +722,9 @@ impl GitHub {
         };
         let mut target = Target::Path(first.to_string());
         for page_number in 1..=PAGES_MAX {
-            let (headers, body) = self.get_page(repo, &target, doing, seen).await?;
+            let (headers, body) = self
+                .get_page(repo, permission, &target, doing, seen.as_deref_mut())
+                .await?;
             let page: P = serde_json::from_str(&body).map_err(|e| malformed(doing, &e))?;
             listing.total_count = listing.total_count.max(page.total_count());
             let page_total = page.total_count();
@@ -825,7 +853,13 @@ impl QueueSource for GitHub {
             let first =
                 format!("/repos/{owner}/{name}/actions/runs?status={status}&per_page={PER_PAGE}");
             let listing = self
-                .walk::<wire::RunsPage>(repo, &first, &doing, &mut seen)
+                .walk::<wire::RunsPage>(
+                    repo,
+                    Permission::ActionsRead,
+                    &first,
+                    &doing,
+                    Some(&mut seen),
+                )
                 .await?;
             truncated |= listing.capped || listing.total_count >= RUN_SEARCH_CAP;
             for run in listing.items {
@@ -842,7 +876,13 @@ impl QueueSource for GitHub {
                 "/repos/{owner}/{name}/actions/runs/{run}/jobs?filter=latest&per_page={PER_PAGE}"
             );
             let listing = match self
-                .walk::<wire::JobsPage>(repo, &first, &doing, &mut seen)
+                .walk::<wire::JobsPage>(
+                    repo,
+                    Permission::ActionsRead,
+                    &first,
+                    &doing,
+                    Some(&mut seen),
+                )
                 .await
             {
                 Ok(listing) => listing,
@@ -904,6 +944,90 @@ impl Registrar for GitHub {
     fn repo_url(&self, repo: &RepoConfig) -> String {
         format!("{}/{}", self.web_url, repo.repo)
     }
+}
+
+/// The runner registrations of `app` repos: read to decide whether a runner is busy before its
+/// child is stopped, and deleted first (GitHub refuses with 422 while a job runs).
+#[async_trait]
+impl RunnerRegistry for GitHub {
+    #[instrument(level = "debug", skip_all, fields(repo = %repo.repo))]
+    async fn list_runners(&self, repo: &RepoConfig) -> Result<Vec<RunnerRegistration>, PortError> {
+        if !matches!(repo.mode, Mode::App) {
+            return Err(not_app(repo));
+        }
+        let doing = format!("list runners of {}", repo.repo);
+        let first = format!(
+            "/repos/{}/{}/actions/runners?per_page={PER_PAGE}",
+            repo.repo.owner(),
+            repo.repo.name()
+        );
+        // Listed only when a runner is about to be taken back: no conditional cache, so the
+        // answer is always today's.
+        let listing = self
+            .walk::<wire::RunnersPage>(repo, Permission::AdministrationWrite, &first, &doing, None)
+            .await?;
+        if listing.capped {
+            return Err(PortError::new(
+                ErrorClass::Malformed,
+                format!("{doing}: more than {PAGES_MAX} pages of runners"),
+            ));
+        }
+        Ok(listing
+            .items
+            .into_iter()
+            .map(|r| RunnerRegistration {
+                id: r.id,
+                name: RunnerName(r.name),
+                online: r.status.eq_ignore_ascii_case("online"),
+                busy: r.busy,
+            })
+            .collect())
+    }
+
+    #[instrument(level = "debug", skip_all, fields(repo = %repo.repo, runner_id))]
+    async fn delete_runner(
+        &self,
+        repo: &RepoConfig,
+        runner_id: u64,
+    ) -> Result<Deregistration, PortError> {
+        if !matches!(repo.mode, Mode::App) {
+            return Err(not_app(repo));
+        }
+        let doing = format!("delete runner {runner_id} of {}", repo.repo);
+        let path = format!(
+            "/repos/{}/{}/actions/runners/{runner_id}",
+            repo.repo.owner(),
+            repo.repo.name()
+        );
+        let answer = self
+            .repo_call_answering(
+                repo,
+                Permission::AdministrationWrite,
+                Method::DELETE,
+                &Target::Path(path),
+                None,
+                &[StatusCode::NOT_FOUND, StatusCode::UNPROCESSABLE_ENTITY],
+                &doing,
+            )
+            .await?;
+        Ok(match answer.status {
+            StatusCode::NOT_FOUND => Deregistration::NotFound,
+            // The documented refusal: the runner is still running a job.
+            StatusCode::UNPROCESSABLE_ENTITY => Deregistration::StillBusy,
+            _ => Deregistration::Deleted,
+        })
+    }
+}
+
+fn not_app(repo: &RepoConfig) -> PortError {
+    PortError::new(
+        ErrorClass::Configuration,
+        format!(
+            "{} is a {} repo: the daemon manages runner registrations in app mode only",
+            repo.repo,
+            repo.mode.as_str()
+        ),
+    )
 }
 
 #[cfg(test)]

@@ -36,6 +36,22 @@ pub struct Job {
     pub started_at: Option<String>,
 }
 
+/// `GET /repos/{owner}/{repo}/actions/runners` → 200.
+#[derive(Deserialize)]
+pub struct RunnersPage {
+    pub total_count: u64,
+    pub runners: Vec<Runner>,
+}
+
+#[derive(Deserialize)]
+pub struct Runner {
+    pub id: u64,
+    pub name: String,
+    /// `online` or `offline` in GitHub's examples; a free string in the schema.
+    pub status: String,
+    pub busy: bool,
+}
+
 /// `GET /repos/{owner}/{repo}/installation` → 200 (the "Installation" object).
 #[derive(Deserialize)]
 pub struct Installation {
@@ -89,6 +105,20 @@ mod tests {
             token.token.expose_secret(),
             "ghs_16C7e42F292c6912E7710c838347Ae178B4a"
         );
+        let runners: RunnersPage =
+            serde_json::from_str(&fixture("list-runners-for-repo.response.json")).unwrap();
+        assert_eq!(runners.total_count, 2);
+        let runner = &runners.runners[0];
+        assert_eq!(
+            (
+                runner.id,
+                runner.name.as_str(),
+                runner.status.as_str(),
+                runner.busy
+            ),
+            (23, "linux_runner", "online", true)
+        );
+
         let registration: Token =
             serde_json::from_str(&fixture("create-registration-token.response.json")).unwrap();
         assert_eq!(registration.expires_at, "2020-01-22T12:13:35.123-08:00");

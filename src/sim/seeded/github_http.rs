@@ -39,11 +39,11 @@ use serde_json::{Value, json};
 use super::options::{ForgeKind, Service};
 use super::ports::{Call, Fault, Scope, Shared, Sim, Transient, budget_of, lock, repo_url};
 use super::world::{EPOCH_UNIX, Visible};
-use crate::act::{Registrar, RegistrationToken};
+use crate::act::{Deregistration, Registrar, RegistrationToken, RunnerRegistry};
 use crate::clients::github::{AppCredentials, GitHub, GitHubSettings, POLLING_TOKEN_FIELD};
 use crate::config::{Mode, RepoConfig};
 use crate::model::{ErrorClass, RepoName};
-use crate::observe::{PortError, QueueSource, RepoJobs};
+use crate::observe::{PortError, QueueSource, RepoJobs, RunnerRegistration};
 use crate::secrets::SecretSource;
 use crate::sim::twins;
 use crate::sim::twins::github::{JWT_UNDECODABLE, Query, TEST_APP_ID, check_app_jwt};
@@ -233,6 +233,8 @@ struct HttpState {
     tokens_issued: u64,
     /// Mints in flight (the forge port says): an installation lookup then serves a mint.
     minting: u32,
+    /// Runner registration reads or deletions in flight: the token they mint serves them.
+    managing_runners: u32,
     /// Every request that reached the service, answered or not.
     requests: u64,
 }
@@ -276,6 +278,8 @@ enum Route {
     ListRuns(RepoName),
     ListJobs(RepoName, u64),
     RegistrationToken(RepoName),
+    ListRunners(RepoName),
+    DeleteRunner(RepoName, u64),
 }
 
 /// An answer under construction.
@@ -400,6 +404,8 @@ fn parse_route(sim: &Sim, method: &Method, path: &str) -> Option<Route> {
         ("POST", ["actions", "runners", "registration-token"]) => {
             Some(Route::RegistrationToken(repo))
         }
+        ("GET", ["actions", "runners"]) => Some(Route::ListRunners(repo)),
+        ("DELETE", ["actions", "runners", runner]) => Some(Route::DeleteRunner(repo, id(runner)?)),
         _ => None,
     }
 }
@@ -459,6 +465,8 @@ impl GitHubHttp {
                 repo.clone(),
                 if state.minting > 0 {
                     Scope::Mint(repo.clone())
+                } else if state.managing_runners > 0 {
+                    Scope::Runners(repo.clone())
                 } else {
                     Scope::Queue(repo.clone())
                 },
@@ -501,7 +509,9 @@ impl GitHubHttp {
                         .into_response(),
                     );
                 };
-                let scope = if permission == "administration" {
+                let scope = if permission == "administration" && state.managing_runners > 0 {
+                    Scope::Runners(repo.clone())
+                } else if permission == "administration" {
                     Scope::Mint(repo.clone())
                 } else {
                     Scope::Queue(repo.clone())
@@ -524,6 +534,21 @@ impl GitHubHttp {
                     &installations,
                     Scope::Mint(repo.clone()),
                     "create a registration token",
+                )
+            }
+            Route::ListRunners(repo) | Route::DeleteRunner(repo, _) => {
+                let Some(config) = sim.config.repos.get(repo) else {
+                    return Served::Answer(Reply::not_found().into_response());
+                };
+                repo_billing(
+                    config,
+                    &installations,
+                    Scope::Runners(repo.clone()),
+                    if matches!(route, Route::ListRunners(_)) {
+                        "list runners"
+                    } else {
+                        "delete a runner"
+                    },
                 )
             }
         };
@@ -587,8 +612,11 @@ impl GitHubHttp {
             Route::ListRuns(repo) | Route::ListJobs(repo, _) => {
                 authorize(&state, sim, parts, repo, ("actions", "read"))
             }
-            Route::RegistrationToken(repo) => {
+            Route::RegistrationToken(repo) | Route::DeleteRunner(repo, _) => {
                 authorize(&state, sim, parts, repo, ("administration", "write"))
+            }
+            Route::ListRunners(repo) => {
+                authorize(&state, sim, parts, repo, ("administration", "read"))
             }
         };
         if let Err(reply) = authenticated {
@@ -674,6 +702,39 @@ impl GitHubHttp {
                         .to_rfc3339_opts(SecondsFormat::Millis, true),
                 });
                 Ok(Reply::json(StatusCode::CREATED, body.to_string()))
+            }
+            Route::ListRunners(repo) => {
+                let runners: Vec<Value> = sim
+                    .world
+                    .registrations_of(repo)
+                    .into_iter()
+                    .map(|(id, name, online, busy)| {
+                        json!({
+                            "id": id, "name": name.0, "os": "linux",
+                            "status": if online { "online" } else { "offline" },
+                            "busy": busy, "ephemeral": true,
+                            "labels": [{"id": 1, "name": "self-hosted", "type": "read-only"}],
+                        })
+                    })
+                    .collect();
+                let body = json!({ "total_count": runners.len(), "runners": runners });
+                Ok(Reply::json(StatusCode::OK, body.to_string()))
+            }
+            Route::DeleteRunner(repo, id) => {
+                let Sim { world, trace, .. } = &mut *sim;
+                Ok(match world.delete_registration(t, repo, *id, trace) {
+                    Some(true) => Reply {
+                        status: StatusCode::NO_CONTENT,
+                        headers: Vec::new(),
+                        body: String::new(),
+                    },
+                    Some(false) => Reply::error(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        &format!("Bad request - Runner {id} is still running a job"),
+                        DOCS_REST,
+                    ),
+                    None => Reply::not_found(),
+                })
             }
         };
         let mut reply = match answered {
@@ -1142,6 +1203,22 @@ impl Drop for Minting<'_> {
     }
 }
 
+/// Marks a runner registration read or deletion in flight for as long as it lives.
+struct ManagingRunners<'a>(&'a GitHubHttp);
+
+impl<'a> ManagingRunners<'a> {
+    fn start(http: &'a GitHubHttp) -> ManagingRunners<'a> {
+        http.state().managing_runners += 1;
+        ManagingRunners(http)
+    }
+}
+
+impl Drop for ManagingRunners<'_> {
+    fn drop(&mut self) {
+        self.0.state().managing_runners -= 1;
+    }
+}
+
 impl GitHubForge {
     pub fn new(shared: &Shared, conditional_requests: bool) -> GitHubForge {
         GitHubForge {
@@ -1214,6 +1291,23 @@ impl QueueSource for GitHubForge {
         let result = self.client().list_jobs(repo).await;
         self.held_back(Scope::Queue(repo.repo.clone()), repo, &result);
         result
+    }
+}
+
+#[async_trait]
+impl RunnerRegistry for GitHubForge {
+    async fn list_runners(&self, repo: &RepoConfig) -> Result<Vec<RunnerRegistration>, PortError> {
+        let _managing = ManagingRunners::start(&self.http);
+        self.client().list_runners(repo).await
+    }
+
+    async fn delete_runner(
+        &self,
+        repo: &RepoConfig,
+        runner_id: u64,
+    ) -> Result<Deregistration, PortError> {
+        let _managing = ManagingRunners::start(&self.http);
+        self.client().delete_runner(repo, runner_id).await
     }
 }
 

@@ -4,10 +4,14 @@
 //! - I2: demand visible in a bucket with cap room and no excusing fault is met by a dispatch
 //!   within one poll interval (plus one step: a tick takes no virtual time).
 //! - I3: no cap is exceeded, counting pending children.
-//! - I4: pending (see [`PENDING`]).
+//! - I4: surplus is reaped: a registered `app` runner idle past the grace window and the
+//!   idle confirmation is taken back within two polls, and a child unplaced past the
+//!   placement timeout is stopped, unless a fault excuses it.
 //! - I5: no secret in any log line or output (checked by the driver).
 //! - I6: after faults and arrivals stop, everything drains within a bound.
-//! - I7: no dispatch storm.
+//! - I7: no dispatch storm: overall, dispatches never exceed jobs plus what excuses a
+//!   replacement; per bucket, at most six dispatches in ten minutes while its runners keep
+//!   failing to start.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -16,15 +20,16 @@ use serde::Serialize;
 
 use super::options::ForgeKind;
 use super::ports::{Scope, Sim};
-use super::world::{Counts, Visible};
-use crate::config::Route;
-use crate::model::{BucketKey, LabelSet, RepoName, RunnerName};
+use super::world::{Counts, Phase, Visible};
+use crate::config::{Mode, Route};
+use crate::model::{BucketKey, ChildId, LabelSet, RepoName, RunnerName};
 
-/// Invariants that cannot be judged yet, shown in every summary.
-pub const PENDING: &[&str] = &[
-    "I4 pending: surplus reaping does not exist yet",
-    "I7 per-bucket crash-loop backoff pending: crash-loop backoff does not exist yet",
-];
+/// Invariants that cannot be judged yet, shown in every summary: none.
+pub const PENDING: &[&str] = &[];
+
+/// Dispatches a crash-looping bucket may get in [`CRASH_WINDOW_S`] (issue 10).
+pub const CRASH_DISPATCHES_MAX: usize = 6;
+pub const CRASH_WINDOW_S: u64 = 600;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Violation {
@@ -48,10 +53,14 @@ pub struct ConvergenceBound {
     pub bound_s: u64,
 }
 
-/// I1–I3 and I7 after every step; I2 keeps, per bucket, since when demand exceeded supply.
+/// I1–I4 and I7 after every step; I2 keeps, per bucket, since when demand exceeded supply,
+/// and I4, per child, since when it should have been taken back.
 pub struct Checker {
     short_since: BTreeMap<BucketKey, u64>,
     dispatch_within_s: u64,
+    /// Child → since when it has been surplus (idle and registered, or unplaced) with no
+    /// fault excusing a delay.
+    surplus_since: BTreeMap<ChildId, u64>,
 }
 
 #[derive(Default)]
@@ -67,6 +76,7 @@ impl Checker {
         Checker {
             short_since: BTreeMap::new(),
             dispatch_within_s: poll_interval_s + step_s,
+            surplus_since: BTreeMap::new(),
         }
     }
 
@@ -75,7 +85,9 @@ impl Checker {
             .map(|m| ("I1", m))
             .or_else(|| i3(sim).map(|m| ("I3", m)))
             .or_else(|| i7(&sim.world.counts).map(|m| ("I7", m)))
-            .or_else(|| self.i2(sim).map(|m| ("I2", m)));
+            .or_else(|| i7_per_bucket(sim).map(|m| ("I7", m)))
+            .or_else(|| self.i2(sim).map(|m| ("I2", m)))
+            .or_else(|| self.i4(sim).map(|m| ("I4", m)));
         found.map(|(invariant, message)| Violation {
             invariant,
             step: sim.t,
@@ -135,7 +147,9 @@ impl Checker {
             };
             let excuse = used
                 .full(sim, &key.repo, &route)
-                .or_else(|| fault_excuse(sim, &key.repo, &route));
+                .or_else(|| fault_excuse(sim, &key.repo, &route))
+                .or_else(|| crash_excuse(sim, &key, self.dispatch_within_s))
+                .or_else(|| freed_by_stop(sim, &key.repo, self.dispatch_within_s));
             let since = match excuse {
                 Some(_) => t,
                 None => self.short_since.get(&key).copied().unwrap_or(t),
@@ -157,6 +171,111 @@ impl Checker {
         self.short_since = still_short;
         None
     }
+}
+
+impl Checker {
+    /// I4 from the world's truth. A registered runner of an `app` repo that is idle has no
+    /// queued job it could take (the world offers every one at once), so it is surplus: the
+    /// daemon must take it back once it is older than the grace window and the idle reading
+    /// held for the confirmation, within two polls and the status lag. A child unplaced past
+    /// the placement timeout must be stopped within two polls. Any fault, or a budget spent,
+    /// restarts the clocks (it may hold a reading unknown or a stop back).
+    fn i4(&mut self, sim: &Sim) -> Option<String> {
+        let t = sim.t;
+        let o = &sim.options;
+        let policy = o.reap_policy();
+        let faulted = !sim.faults.failing.is_empty()
+            || !sim.faults.injected_now.is_empty()
+            || sim.faults.exhausted.values().any(|reset| *reset > t);
+        let slack = 2 * o.poll_interval_s + o.status_lag_max_s + 2;
+        let mut still = BTreeMap::new();
+        let mut found = None;
+        for (id, child) in sim.world.in_flight() {
+            let Some(repo) = &child.repo else { continue };
+            let app = sim
+                .config
+                .repos
+                .get(repo)
+                .is_some_and(|r| matches!(r.mode, Mode::App));
+            let (became, due_after) = match child.phase {
+                Phase::Idle { since } if app && child.registration.is_some() => (
+                    since.max(child.submitted_s + policy.orphan_grace.as_secs()),
+                    policy.idle_confirm.as_secs() + slack,
+                ),
+                Phase::Unplaced { .. } => (
+                    child.submitted_s + policy.placement_timeout.as_secs(),
+                    slack,
+                ),
+                _ => continue,
+            };
+            if t < became {
+                continue;
+            }
+            let since = if faulted {
+                t
+            } else {
+                self.surplus_since.get(id).copied().unwrap_or(became)
+            };
+            still.insert(id.clone(), since);
+            if found.is_none() && t > since + due_after {
+                found = Some(format!(
+                    "{id} ({:?}) should have been taken back by t={}s (surplus from t={since}s,                      no fault since) and was not",
+                    child.phase,
+                    since + due_after
+                ));
+            }
+        }
+        self.surplus_since = still;
+        found
+    }
+}
+
+/// A bucket whose runners keep failing to start backs off (BRIEF lesson 7): while its streak
+/// runs, and for a poll after a runner ended it, a bucket short of runners is excused.
+fn crash_excuse(sim: &Sim, key: &BucketKey, within_s: u64) -> Option<String> {
+    let streak = sim
+        .world
+        .crash_streaks
+        .get(&(key.repo.clone(), key.labels.clone()))?;
+    let ended_recently = streak
+        .ended_s
+        .is_some_and(|ended| sim.t <= ended + within_s + sim.options.status_lag_max_s);
+    (streak.failed_starts > 0 || ended_recently).then(|| "crash-loop backoff".into())
+}
+
+/// A slot freed by a stop is used at the next tick: the tick that stopped a child planned
+/// its dispatches with that child still counted against the caps.
+fn freed_by_stop(sim: &Sim, repo: &RepoName, within_s: u64) -> Option<String> {
+    let recent = |at: &u64| sim.t <= at + within_s;
+    let shares_cap = sim.options.max_in_flight.is_some();
+    let freed = sim
+        .world
+        .last_stop_s
+        .iter()
+        .any(|(r, at)| (r == repo || shares_cap) && recent(at));
+    freed.then(|| "a slot freed by a stop this poll".into())
+}
+
+/// I7 per bucket: while a bucket's runners keep failing to start, at most
+/// [`CRASH_DISPATCHES_MAX`] dispatches in any [`CRASH_WINDOW_S`].
+fn i7_per_bucket(sim: &Sim) -> Option<String> {
+    for ((repo, labels), streak) in &sim.world.crash_streaks {
+        if streak.failed_starts == 0 {
+            continue;
+        }
+        let recent = streak
+            .dispatches_s
+            .iter()
+            .filter(|d| sim.t < **d + CRASH_WINDOW_S)
+            .count();
+        if recent > CRASH_DISPATCHES_MAX {
+            return Some(format!(
+                "bucket {repo} {labels}: {recent} dispatches in the last {CRASH_WINDOW_S} s                  while its runners kept failing to start ({} failed starts in a row), more                  than {CRASH_DISPATCHES_MAX}",
+                streak.failed_starts
+            ));
+        }
+    }
+    None
 }
 
 /// In-flight children along each cap, from the world's truth (pending ones included).
@@ -302,11 +421,17 @@ fn i3(sim: &Sim) -> Option<String> {
 }
 
 fn i7(c: &Counts) -> Option<String> {
-    let allowed = c.jobs + c.failed_starts + c.jobs_cancelled + c.cross_bucket_takes;
+    let allowed =
+        c.jobs + c.failed_starts + c.jobs_cancelled + c.cross_bucket_takes + c.unplaced_stopped;
     (c.dispatches > allowed).then(|| {
         format!(
-            "{} dispatches > {allowed} = jobs {} + failed starts {} + cancelled {} + cross-bucket takes {}",
-            c.dispatches, c.jobs, c.failed_starts, c.jobs_cancelled, c.cross_bucket_takes
+            "{} dispatches > {allowed} = jobs {} + failed starts {} + cancelled {} + cross-bucket takes {} + stopped unplaced {}",
+            c.dispatches,
+            c.jobs,
+            c.failed_starts,
+            c.jobs_cancelled,
+            c.cross_bucket_takes,
+            c.unplaced_stopped
         )
     })
 }

@@ -214,6 +214,7 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
         poll_interval: std::time::Duration::from_secs(options.poll_interval_s),
         plan: PlanSettings {
             max_in_flight: options.max_in_flight,
+            reap: options.reap_policy(),
         },
         ..LoopSettings::default()
     };
@@ -687,7 +688,7 @@ fn panicked(scenario: Scenario, seed: u64, panic: Box<dyn std::any::Any + Send>)
 }
 
 /// Events of the trace a replay shows (the last ones: where a violation happened).
-pub const REPLAY_EVENTS_SHOWN: usize = 40;
+pub const REPLAY_EVENTS_SHOWN: usize = 400;
 
 /// What `simulate --seed S` prints: the trace's tail, every invariant's result, the I6 bound
 /// and the trace hash.
@@ -730,7 +731,7 @@ pub fn render_replay(outcome: &SeedOutcome) -> String {
         outcome.log_lines
     ));
     let failed = outcome.violation.as_ref().map(|v| v.invariant);
-    for invariant in ["I1", "I2", "I3", "I5", "I6", "I7", "config"] {
+    for invariant in ["I1", "I2", "I3", "I4", "I5", "I6", "I7", "config"] {
         let verdict = match failed {
             Some(f) if f == invariant => "VIOLATED",
             // Checks stop at the first violation; I6 is judged only at the end.

@@ -137,6 +137,10 @@ pub struct Options {
     /// A window during which the document in Consul is an invalid edit (a typo someone then
     /// fixes): the daemon must keep running on the last good one.
     pub bad_document: Option<(u64, u64)>,
+    /// `--orphan-grace`, drawn short as well as at its default so reaping meets the races.
+    pub orphan_grace_s: u64,
+    /// `--idle-confirm`.
+    pub idle_confirm_s: u64,
 }
 
 /// The Forgejo instance of the generated document.
@@ -177,6 +181,8 @@ impl Options {
             rate_limit_reset_s: (30, 300),
             faults_end_s: arrivals_end_s + rng.random_range(0..=10) * 60,
             bad_document: None,
+            orphan_grace_s: *[60, 300, 600].choose(rng).expect("non-empty"),
+            idle_confirm_s: *[20, 60, 120].choose(rng).expect("non-empty"),
         };
         if rng.random_bool(0.3) {
             let start = rng.random_range(60..=options.faults_end_s.max(61));
@@ -314,6 +320,16 @@ impl Options {
         match self.foreign_load {
             Some(load) if load.start_s <= t && t < load.end_s => load.slots,
             _ => 0,
+        }
+    }
+
+    /// The daemon's reaping settings in this run; bounds it does not vary keep their
+    /// defaults.
+    pub fn reap_policy(&self) -> crate::plan::reap::ReapPolicy {
+        crate::plan::reap::ReapPolicy {
+            orphan_grace: std::time::Duration::from_secs(self.orphan_grace_s),
+            idle_confirm: std::time::Duration::from_secs(self.idle_confirm_s),
+            ..Default::default()
         }
     }
 

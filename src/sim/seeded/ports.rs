@@ -18,7 +18,7 @@ use secrecy::{ExposeSecret, SecretString};
 use super::github_http::GitHubForge;
 use super::options::{ForgeKind, Options, Service};
 use super::trace::Trace;
-use super::world::{EPOCH_UNIX, Visible, World};
+use super::world::{EPOCH_UNIX, Phase, Visible, World};
 use crate::act::{ChildControl, DispatchRequest, Dispatched, Registrar, RegistrationToken};
 use crate::config::{Config, Mode, RepoConfig};
 use crate::control_loop::Services;
@@ -40,6 +40,11 @@ pub enum Scope {
     Dispatch(String, RepoName),
     Reread,
     Purge,
+    Stop,
+    /// Finding the parents of our children whatever the document names.
+    Discover,
+    /// Reading or deleting a repo's runner registrations.
+    Runners(RepoName),
     /// Reading the document from Consul.
     Document,
 }
@@ -433,8 +438,33 @@ impl ChildSource for NomadPort {
                 labels: c.repo_url.as_ref().map(|_| c.labels.to_meta()),
                 runner_name: c.runner.clone(),
                 submitted_at: queued_at(c.submitted_s as i64),
+                placed_at: None,
             })
             .collect())
+    }
+
+    async fn parents_with_our_children(&self) -> Result<BTreeSet<String>, PortError> {
+        let mut sim = lock(&self.0);
+        sim.call(Call {
+            scope: Scope::Discover,
+            service: Service::Nomad,
+            via_vault: false,
+            budget: None,
+            what: "list jobs by filter",
+        })?;
+        Ok(NomadPort::parents_with_ours(&sim))
+    }
+}
+
+impl NomadPort {
+    /// Every parent with children of ours, as Nomad's filtered job listing finds them.
+    fn parents_with_ours(sim: &Sim) -> BTreeSet<String> {
+        sim.world
+            .children
+            .values()
+            .filter(|c| c.repo_url.is_some())
+            .map(|c| c.parent.clone())
+            .collect()
     }
 }
 
@@ -542,6 +572,37 @@ impl ChildControl for NomadPort {
             what: "purge job",
         })?;
         sim.world.purge(sim.t, child, &mut sim.trace);
+        Ok(())
+    }
+
+    async fn has_live_allocation(&self, child: &ChildId) -> Result<bool, PortError> {
+        let mut sim = lock(&self.0);
+        sim.call(Call {
+            scope: Scope::Reread,
+            service: Service::Nomad,
+            via_vault: false,
+            budget: None,
+            what: "read job allocations",
+        })?;
+        Ok(sim.world.children.get(child).is_some_and(|c| {
+            matches!(
+                c.phase,
+                Phase::Booting { .. } | Phase::Idle { .. } | Phase::Busy { .. }
+            )
+        }))
+    }
+
+    async fn stop(&self, child: &ChildId) -> Result<(), PortError> {
+        let mut sim = lock(&self.0);
+        let sim = &mut *sim;
+        sim.call(Call {
+            scope: Scope::Stop,
+            service: Service::Nomad,
+            via_vault: false,
+            budget: None,
+            what: "stop job",
+        })?;
+        sim.world.stop(sim.t, child, &mut sim.trace);
         Ok(())
     }
 }

@@ -107,6 +107,32 @@ pub struct SimChild {
     pub token: Option<String>,
     /// Its runner took a job at some point (a child that never did was a wasted dispatch).
     pub ran_job: bool,
+    /// Stopped by the daemon (not a failed start, whatever its runner was doing).
+    pub stopped: bool,
+    /// The GitHub registration its runner holds, from boot until it leaves on its own (a
+    /// runner killed with its allocation leaves it behind, offline).
+    pub registration: Option<u64>,
+}
+
+/// A runner registration on GitHub.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Registration {
+    pub repo: RepoName,
+    pub name: RunnerName,
+    pub child: ChildId,
+}
+
+/// A bucket's run of failed starts, as the world sees it (for the per-bucket half of I7).
+#[derive(Clone, Debug, Default)]
+pub struct CrashStreak {
+    /// Failed starts since a runner of the bucket last took a job.
+    pub failed_starts: u32,
+    /// When the last of them happened.
+    pub last_failed_s: u64,
+    /// Dispatches made for the bucket while the streak ran.
+    pub dispatches_s: VecDeque<u64>,
+    /// When a runner last ended a streak by taking a job.
+    pub ended_s: Option<u64>,
 }
 
 /// A run as a workflow defines it, kept for re-runs: each job's labels and the index of the
@@ -155,8 +181,15 @@ pub struct Counts {
     pub purges: u64,
     /// Children purged while their runner was executing a job (I1).
     pub escaped_busy: u64,
-    /// Children purged while their runner was alive but not busy.
+    /// Children purged or stopped while their runner was alive but not busy.
     pub live_runners_purged: u64,
+    /// In-flight children the daemon stopped (reaped, replaced or escaped).
+    pub stops: u64,
+    /// Runner registrations the daemon deleted.
+    pub deregistrations: u64,
+    /// Children stopped before they were placed (surplus, or past the placement timeout):
+    /// each may be replaced by a dispatch for the same job.
+    pub unplaced_stopped: u64,
     /// Foreign children purged (never allowed).
     pub foreign_purged: u64,
     /// Jobs GitHub cancelled after 24 hours in the queue: stranded for good.
@@ -177,6 +210,9 @@ impl Counts {
         self.purges += other.purges;
         self.escaped_busy += other.escaped_busy;
         self.live_runners_purged += other.live_runners_purged;
+        self.stops += other.stops;
+        self.deregistrations += other.deregistrations;
+        self.unplaced_stopped += other.unplaced_stopped;
         self.foreign_purged += other.foreign_purged;
         self.jobs_expired += other.jobs_expired;
     }
@@ -244,6 +280,12 @@ pub struct World {
     pub latencies: Latencies,
     /// Children of ours whose runner never took a job, counted as they are purged.
     pub wasted_purged: u64,
+    /// GitHub's runner registrations by id.
+    pub registrations: BTreeMap<u64, Registration>,
+    /// Crash streaks by bucket.
+    pub crash_streaks: BTreeMap<(RepoName, LabelSet), CrashStreak>,
+    /// When the daemon last stopped an in-flight child of each repo.
+    pub last_stop_s: BTreeMap<RepoName, u64>,
     /// Draws the runs that arrive (see [`World::advance`]).
     arrivals: StdRng,
 }
@@ -269,6 +311,9 @@ impl World {
             repo_names,
             latencies: Latencies::default(),
             wasted_purged: 0,
+            registrations: BTreeMap::new(),
+            crash_streaks: BTreeMap::new(),
+            last_stop_s: BTreeMap::new(),
             arrivals: StdRng::seed_from_u64(0),
         }
     }
@@ -304,6 +349,8 @@ impl World {
                 phase: Phase::Exited,
                 token: None,
                 ran_job: false,
+                stopped: false,
+                registration: None,
             },
         );
     }
@@ -546,10 +593,37 @@ impl World {
                 // Boot crashes are a fault of the cluster: they stop with the other faults.
                 if t < o.faults_end_s && rng.random_bool(o.crash_probability) {
                     exit(child);
+                    child.placement = Placement::Failed;
                     self.counts.failed_starts += 1;
+                    if let Some(repo) = &child.repo {
+                        let streak = self
+                            .crash_streaks
+                            .entry((repo.clone(), child.labels.clone()))
+                            .or_default();
+                        streak.failed_starts += 1;
+                        streak.last_failed_s = t;
+                    }
                     trace.record(t, format!("runner of {id} crashed at boot"));
                 } else {
                     child.phase = Phase::Idle { since: t };
+                    if let (Some(repo), Some(runner)) = (&child.repo, &child.runner)
+                        && child
+                            .repo_url
+                            .as_deref()
+                            .is_some_and(|u| u.starts_with("https://github.com/"))
+                    {
+                        self.next_id += 1;
+                        let registration = self.next_id;
+                        child.registration = Some(registration);
+                        self.registrations.insert(
+                            registration,
+                            Registration {
+                                repo: repo.clone(),
+                                name: runner.clone(),
+                                child: id.clone(),
+                            },
+                        );
+                    }
                     trace.record(t, format!("runner of {id} registered"));
                 }
             }
@@ -578,6 +652,9 @@ impl World {
                 .find(|c| c.runner.as_ref() == Some(&runner))
             {
                 exit(child);
+                if let Some(registration) = child.registration.take() {
+                    self.registrations.remove(&registration);
+                }
             }
             trace.record(t, format!("job {id} completed on {runner}"));
             for g in self.gated_after(id) {
@@ -610,6 +687,15 @@ impl World {
             let (Some(repo), Some(runner)) = (child.repo.clone(), child.runner.clone()) else {
                 continue;
             };
+            // GitHub hands jobs only to a registered runner: one whose registration the daemon
+            // deleted waits for nothing (and is stopped next).
+            let github = child
+                .repo_url
+                .as_deref()
+                .is_some_and(|u| u.starts_with("https://github.com/"));
+            if github && child.registration.is_none() {
+                continue;
+            }
             let offers: Vec<u64> = self
                 .jobs
                 .iter()
@@ -635,6 +721,39 @@ impl World {
                     if cross {
                         self.counts.cross_bucket_takes += 1;
                     }
+                    // A working runner ends its bucket's crash streak. Forgejo names no
+                    // runner, so there the daemon can only tell that one of the placed
+                    // runners whose labels cover the job's took it: each of their buckets'
+                    // streaks ends.
+                    let ended: Vec<(RepoName, LabelSet)> = if github {
+                        vec![(repo.clone(), child_labels.clone())]
+                    } else {
+                        let job_labels = job.labels.clone();
+                        self.children
+                            .values()
+                            .filter(|c| {
+                                c.repo.as_ref() == Some(&repo)
+                                    && matches!(
+                                        c.phase,
+                                        Phase::Booting { .. }
+                                            | Phase::Idle { .. }
+                                            | Phase::Busy { .. }
+                                    )
+                                    && job_labels.is_subset(&c.labels)
+                            })
+                            .map(|c| (repo.clone(), c.labels.clone()))
+                            .chain([(repo.clone(), child_labels.clone())])
+                            .collect()
+                    };
+                    for bucket in ended {
+                        if let Some(streak) = self.crash_streaks.get_mut(&bucket)
+                            && streak.failed_starts > 0
+                        {
+                            streak.failed_starts = 0;
+                            streak.dispatches_s.clear();
+                            streak.ended_s = Some(t);
+                        }
+                    }
                     let child = self.children.get_mut(&id).expect("listed");
                     child.phase = Phase::Busy { job: job_id };
                     child.ran_job = true;
@@ -651,7 +770,23 @@ impl World {
                     );
                 }
                 None if t.saturating_sub(since) >= o.idle_timeout_s => {
-                    exit(self.children.get_mut(&id).expect("listed"));
+                    // A runner that gives up idle booted and registered: a working image
+                    // ends its bucket's crash streak, as the daemon sees from its clean exit.
+                    if let Some(streak) = self
+                        .crash_streaks
+                        .get_mut(&(repo.clone(), child_labels.clone()))
+                        && streak.failed_starts > 0
+                    {
+                        streak.failed_starts = 0;
+                        streak.dispatches_s.clear();
+                        streak.ended_s = Some(t);
+                    }
+                    let child = self.children.get_mut(&id).expect("listed");
+                    exit(child);
+                    // An idle runner that gives up deregisters on its way out.
+                    if let Some(registration) = child.registration.take() {
+                        self.registrations.remove(&registration);
+                    }
                     self.counts.idle_exits += 1;
                     trace.record(t, format!("{runner} gave up idle"));
                 }
@@ -706,10 +841,20 @@ impl World {
                 phase: Phase::Unplaced { eligible_at },
                 token,
                 ran_job: false,
+                stopped: false,
+                registration: None,
             },
         );
         self.counts.dispatches += 1;
         let child = &self.children[&id];
+        if let Some(repo) = &child.repo
+            && let Some(streak) = self
+                .crash_streaks
+                .get_mut(&(repo.clone(), child.labels.clone()))
+            && streak.failed_starts > 0
+        {
+            streak.dispatches_s.push_back(t);
+        }
         if let Some(repo) = child.repo.clone() {
             let bucket = (repo, child.labels.clone());
             self.latencies.dispatched(&bucket, t, &self.jobs);
@@ -719,7 +864,7 @@ impl World {
 
     /// Nomad's purge: the child disappears, its runner with it.
     pub fn purge(&mut self, t: u64, id: &ChildId, trace: &mut Trace) {
-        let Some(child) = self.children.remove(id) else {
+        let Some(mut child) = self.children.remove(id) else {
             return;
         };
         self.counts.purges += 1;
@@ -728,10 +873,50 @@ impl World {
         } else if !child.ran_job {
             self.wasted_purged += 1;
         }
+        self.kill_runner(t, id, &mut child, "purged", trace);
+    }
+
+    /// Nomad's stop (a deregistration without purge): the allocation is stopped, the runner
+    /// with it, and the child stays listed as dead until purged.
+    pub fn stop(&mut self, t: u64, id: &ChildId, trace: &mut Trace) {
+        let Some(mut child) = self.children.remove(id) else {
+            return;
+        };
+        if child.status.is_in_flight() {
+            self.counts.stops += 1;
+            if child.repo.is_none() && child.repo_url.is_none() {
+                self.counts.foreign_purged += 1;
+            }
+            if matches!(child.phase, Phase::Unplaced { .. }) {
+                self.counts.unplaced_stopped += 1;
+            }
+            if let Some(repo) = &child.repo {
+                self.last_stop_s.insert(repo.clone(), t);
+            }
+        }
+        self.kill_runner(t, id, &mut child, "stopped", trace);
+        child.status = ChildStatus::Dead;
+        child.stopped = true;
+        if child.placement != Placement::Failed {
+            child.placement = Placement::Finished;
+        }
+        self.children.insert(id.clone(), child);
+    }
+
+    /// The runner of `child` dies with its allocation. A registration it held stays behind,
+    /// offline, as GitHub keeps a runner whose process was killed.
+    fn kill_runner(
+        &mut self,
+        t: u64,
+        id: &ChildId,
+        child: &mut SimChild,
+        how: &str,
+        trace: &mut Trace,
+    ) {
         match child.phase {
             Phase::Busy { job } => {
                 self.counts.escaped_busy += 1;
-                trace.record(t, format!("purged {id} while it ran job {job}"));
+                trace.record(t, format!("{how} {id} while it ran job {job}"));
                 // The job dies with its runner.
                 if let Some(j) = self.jobs.get_mut(&job) {
                     j.truth = Truth::Cancelled;
@@ -741,10 +926,68 @@ impl World {
             }
             Phase::Booting { .. } | Phase::Idle { .. } => {
                 self.counts.live_runners_purged += 1;
-                trace.record(t, format!("purged {id} with a live runner"));
+                trace.record(t, format!("{how} {id} with a live runner"));
             }
-            Phase::Unplaced { .. } | Phase::Exited => trace.record(t, format!("purged {id}")),
+            Phase::Unplaced { .. } | Phase::Exited => trace.record(t, format!("{how} {id}")),
         }
+        child.phase = Phase::Exited;
+    }
+
+    /// GitHub's view of a repo's registrations: (id, name, online, busy). A runner shows
+    /// busy once its job shows in progress (the flag lags the truth as job statuses do).
+    pub fn registrations_of(&self, repo: &RepoName) -> Vec<(u64, RunnerName, bool, bool)> {
+        self.registrations
+            .iter()
+            .filter(|(_, r)| r.repo == *repo)
+            .map(|(id, r)| {
+                let child = self.children.get(&r.child);
+                let online = child
+                    .is_some_and(|c| matches!(c.phase, Phase::Idle { .. } | Phase::Busy { .. }));
+                let busy = child.is_some_and(|c| match c.phase {
+                    Phase::Busy { job } => self
+                        .jobs
+                        .get(&job)
+                        .is_some_and(|j| j.visible == Visible::Running(r.name.clone())),
+                    _ => false,
+                });
+                (*id, r.name.clone(), online, busy)
+            })
+            .collect()
+    }
+
+    /// GitHub's `DELETE …/runners/{id}`: refused while the runner executes a job (GitHub
+    /// knows whom it handed a job, whatever the listing's flag says); `None` when unknown.
+    pub fn delete_registration(
+        &mut self,
+        t: u64,
+        repo: &RepoName,
+        id: u64,
+        trace: &mut Trace,
+    ) -> Option<bool> {
+        let registration = self
+            .registrations
+            .get(&id)
+            .filter(|r| r.repo == *repo)?
+            .clone();
+        if let Some(child) = self.children.get(&registration.child)
+            && let Phase::Busy { job } = child.phase
+        {
+            trace.record(
+                t,
+                format!(
+                    "deleting registration of {} refused: runs job {job}",
+                    registration.name
+                ),
+            );
+            return Some(false);
+        }
+        self.registrations.remove(&id);
+        if let Some(child) = self.children.get_mut(&registration.child) {
+            child.registration = None;
+        }
+        self.counts.deregistrations += 1;
+        trace.record(t, format!("registration of {} deleted", registration.name));
+        Some(true)
     }
 
     /// Children of ours that are pending or running.

@@ -1,0 +1,505 @@
+//! What the loop remembers and reads to take runners back: failed starts and the crash-loop
+//! backoff of their buckets (BRIEF lesson 7), and the readings of nominated runners that
+//! [`decide`] judges (lessons 2 and 3).
+//!
+//! Everything here is memory and I/O at the edge; the decisions themselves are the planner's
+//! nominations and the pure [`decide`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tracing::{debug, info, warn};
+
+use crate::act::RunnerRegistry;
+use crate::config::{Config, Mode};
+use crate::model::{BucketKey, ChildId, LabelSet, RepoName, RunnerName};
+use crate::observe::{ChildStatus, JobState, Placement, PortError, RunnerRegistration, Snapshot};
+use crate::plan::reap::{
+    Allocation, Judgement, Outcome, RunnerApi, StaleRegistration, Verdict, decide,
+};
+use crate::plan::{CrashBackoff, Plan};
+
+/// The first pause after a failed start; doubled for each further one in a row.
+pub const CRASH_BACKOFF_FIRST: Duration = Duration::from_secs(30);
+/// The longest pause: with one probe per pause, a bucket whose runners always die at boot
+/// gets at most six dispatches in ten minutes (issue 10).
+pub const CRASH_BACKOFF_MAX: Duration = Duration::from_secs(600);
+/// Offline registrations of our runners are looked for this often per `app` repo even when
+/// no runner is nominated (a runner killed with its allocation leaves one behind).
+pub const STALE_SWEEP_INTERVAL: Duration = Duration::from_secs(30 * 60);
+
+/// The pause before a bucket's next dispatch after `failed_starts` failed starts in a row.
+pub fn crash_delay(failed_starts: u32) -> Duration {
+    let doublings = failed_starts.saturating_sub(1).min(16);
+    CRASH_BACKOFF_FIRST
+        .saturating_mul(1 << doublings)
+        .min(CRASH_BACKOFF_MAX)
+}
+
+fn after(now: DateTime<Utc>, delay: Duration) -> DateTime<Utc> {
+    now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX / 2)
+}
+
+/// What one reading of a nominated runner said, when it said something other than busy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReadingKind {
+    Idle,
+    Absent,
+    Unknown,
+}
+
+/// A reading and since when the same reading has held.
+#[derive(Clone, Copy, Debug)]
+struct Reading {
+    kind: ReadingKind,
+    since: DateTime<Utc>,
+}
+
+/// The memory of taking runners back.
+#[derive(Default)]
+pub struct TakeBackMemory {
+    /// Runners a job in progress has named: they took a job, so their end is no failed start.
+    took_job: BTreeSet<RunnerName>,
+    /// Dead children whose end was already judged.
+    ends_judged: BTreeSet<ChildId>,
+    /// Children the daemon stopped: however their runner ended, it was no failed start.
+    stopped: BTreeSet<ChildId>,
+    /// Forgejo jobs seen claimed (Forgejo names no runner; a new claim is a runner at work).
+    claims_seen: BTreeSet<(RepoName, u64)>,
+    /// Buckets backing off after failed starts.
+    crash: BTreeMap<BucketKey, CrashBackoff>,
+    /// Readings of nominated runners, by child; dropped when a child is no longer nominated,
+    /// so an idle reading is confirmed only across consecutive nominations.
+    readings: BTreeMap<ChildId, Reading>,
+    /// When each `app` repo's registrations were last swept for stale ones.
+    swept_at: BTreeMap<RepoName, DateTime<Utc>>,
+}
+
+/// Every child of ours the snapshot shows, by runner name, with its bucket.
+fn runners_of(
+    snapshot: &Snapshot,
+) -> BTreeMap<&RunnerName, (Option<BucketKey>, &crate::observe::Child)> {
+    snapshot
+        .our_children()
+        .filter_map(|c| {
+            let bucket = match (c.repo, c.labels) {
+                (Some(repo), Some(labels)) => Some(BucketKey { repo, labels }),
+                _ => None,
+            };
+            c.child
+                .runner_name
+                .as_ref()
+                .map(|name| (name, (bucket, c.child)))
+        })
+        .collect()
+}
+
+impl TakeBackMemory {
+    /// The crash-loop holds for the planner.
+    pub fn crash_backoff(&self) -> &BTreeMap<BucketKey, CrashBackoff> {
+        &self.crash
+    }
+
+    /// Learns from what the tick observed: runners that took a job end their bucket's
+    /// backoff; children that turned dead with a failed allocation, whose runner never took
+    /// a job, are failed starts and back their bucket off.
+    pub fn learn_from_snapshot(&mut self, snapshot: &Snapshot, now: DateTime<Utc>) {
+        let runners = runners_of(snapshot);
+        // Failed starts first, then runners seen at work: both happened since the last
+        // tick, in an order the listings do not tell, and a runner at work is the newer news
+        // more often than not (it took a job after booting, the others crashed at boot).
+        // A runner that exited cleanly on its own booted and registered: the image works,
+        // even if the daemon never saw the job it took (its queue was unreadable meanwhile).
+        let mut worked: Vec<&BucketKey> = Vec::new();
+        for (name, (bucket, child)) in &runners {
+            if child.status != ChildStatus::Dead || !self.ends_judged.insert(child.id.clone()) {
+                continue;
+            }
+            let Some(bucket) = bucket else { continue };
+            if self.stopped.contains(&child.id) {
+                continue;
+            }
+            if child.placement == Placement::Finished || self.took_job.contains(*name) {
+                worked.push(bucket);
+                continue;
+            }
+            if child.placement != Placement::Failed {
+                continue;
+            }
+            let entry = self.crash.entry(bucket.clone()).or_insert(CrashBackoff {
+                failed_starts: 0,
+                next_dispatch_at: now,
+            });
+            entry.failed_starts += 1;
+            let delay = crash_delay(entry.failed_starts);
+            entry.next_dispatch_at = entry.next_dispatch_at.max(after(now, delay));
+            warn!(
+                bucket = %bucket,
+                child = %child.id,
+                failed_starts = entry.failed_starts,
+                "failed start: the runner exited with an error before taking a job; \
+                 backing the bucket off for {} (one runner at a time until one takes a job)",
+                humantime::format_duration(delay)
+            );
+        }
+        let mut claimed_now = BTreeSet::new();
+        for (repo, listing) in &snapshot.repos {
+            let Ok(listing) = listing else {
+                // Unread: its claims are neither new nor gone.
+                claimed_now.extend(self.claims_seen.iter().filter(|(r, _)| r == repo).cloned());
+                continue;
+            };
+            for job in &listing.jobs {
+                match &job.state {
+                    JobState::InProgress { runner: Some(name) } => {
+                        // The first sighting only: a runner seen at work once ends its
+                        // bucket's streak; seen again on later ticks, it says nothing new.
+                        if let Some((Some(bucket), _)) = runners.get(name)
+                            && bucket.repo == *repo
+                            && self.took_job.insert(name.clone())
+                            && let Some(backoff) = self.crash.remove(bucket)
+                        {
+                            info!(bucket = %bucket, failed_starts = backoff.failed_starts, "a runner took a job: crash-loop backoff over");
+                        }
+                    }
+                    // Forgejo names no runner: a new claim is taken as one of our placed
+                    // runners at work.
+                    JobState::Claimed => {
+                        claimed_now.insert((repo.clone(), job.id));
+                        if !self.claims_seen.insert((repo.clone(), job.id)) {
+                            continue;
+                        }
+                        let Ok(labels) = LabelSet::parse(&job.labels) else {
+                            continue;
+                        };
+                        // Any placed runner of the repo whose labels cover the job's may be
+                        // the one that took it: each such bucket's streak ends.
+                        let takers: BTreeSet<&BucketKey> = runners
+                            .values()
+                            .filter(|(_, child)| child.placement.is_placed())
+                            .filter_map(|(b, _)| b.as_ref())
+                            .filter(|b| b.repo == *repo && labels.is_subset(&b.labels))
+                            .collect();
+                        for bucket in takers {
+                            if let Some(backoff) = self.crash.remove(bucket) {
+                                info!(bucket = %bucket, failed_starts = backoff.failed_starts, "a runner took a job: crash-loop backoff over");
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        self.claims_seen.retain(|claim| claimed_now.contains(claim));
+        for bucket in worked {
+            if let Some(backoff) = self.crash.remove(bucket) {
+                info!(bucket = %bucket, failed_starts = backoff.failed_starts, "a runner exited cleanly: crash-loop backoff over");
+            }
+        }
+        // Forget what Nomad no longer lists (purged), but only where every listing was read.
+        if snapshot.parents.values().all(Result::is_ok) {
+            let listed: BTreeSet<&ChildId> =
+                snapshot.our_listed_children().map(|c| &c.id).collect();
+            self.ends_judged.retain(|id| listed.contains(id));
+            self.stopped.retain(|id| listed.contains(id));
+            self.took_job.retain(|name| runners.contains_key(name));
+        }
+    }
+
+    /// A dispatch went out for a bucket that is backing off: the next one waits a full pause.
+    pub fn probe_dispatched(&mut self, bucket: &BucketKey, now: DateTime<Utc>) {
+        if let Some(backoff) = self.crash.get_mut(bucket) {
+            backoff.next_dispatch_at = after(now, crash_delay(backoff.failed_starts));
+        }
+    }
+
+    /// The `app` repos whose registrations this tick reads: those with a nominated runner
+    /// whose allocation runs, and those due a sweep for stale registrations whose queue was
+    /// read this tick (a repo GitHub refuses is not asked once more for a sweep).
+    pub fn repos_to_read(
+        &self,
+        config: &Config,
+        snapshot: &Snapshot,
+        plan: &Plan,
+        now: DateTime<Utc>,
+    ) -> BTreeSet<RepoName> {
+        let mut repos: BTreeSet<RepoName> = plan
+            .nominations
+            .iter()
+            .filter(|n| {
+                n.api == RunnerApi::Registrations
+                    && n.allocation == Allocation::Live
+                    && n.age >= n.policy.orphan_grace
+            })
+            .filter_map(|n| n.repo.clone())
+            .collect();
+        let read = |repo: &RepoName| matches!(snapshot.repos.get(repo), Some(Ok(_)));
+        for repo in config
+            .repos
+            .values()
+            .filter(|r| matches!(r.mode, Mode::App) && read(&r.repo))
+        {
+            let due = self
+                .swept_at
+                .get(&repo.repo)
+                .is_none_or(|at| (now - *at).to_std().unwrap_or_default() >= STALE_SWEEP_INTERVAL);
+            if due {
+                repos.insert(repo.repo.clone());
+            }
+        }
+        repos
+    }
+
+    /// Judges every nomination from the readings: a job in progress naming the runner, its
+    /// registration and `busy` flag, and how long a reading has held.
+    pub fn judge(
+        &mut self,
+        snapshot: &Snapshot,
+        plan: &Plan,
+        registrations: &BTreeMap<RepoName, Result<Vec<RunnerRegistration>, PortError>>,
+        now: DateTime<Utc>,
+    ) -> Vec<Judgement> {
+        let mut busy_names: BTreeSet<(&RepoName, &RunnerName)> = BTreeSet::new();
+        for (repo, listing) in &snapshot.repos {
+            if let Ok(listing) = listing {
+                for job in &listing.jobs {
+                    if let JobState::InProgress { runner: Some(name) } = &job.state {
+                        busy_names.insert((repo, name));
+                    }
+                }
+            }
+        }
+        let mut judged = Vec::with_capacity(plan.nominations.len());
+        let mut still_read = BTreeSet::new();
+        for nominated in &plan.nominations {
+            let child = &nominated.child;
+            let mut runner_id = None;
+            let reading = if nominated.allocation == Allocation::None
+                || nominated.api == RunnerApi::None
+                || nominated.age < nominated.policy.orphan_grace
+            {
+                None
+            } else {
+                let named_busy = match (&nominated.repo, &nominated.runner) {
+                    (Some(repo), Some(name)) => busy_names.contains(&(repo, name)),
+                    _ => false,
+                };
+                let listing = nominated.repo.as_ref().and_then(|r| registrations.get(r));
+                match (named_busy, listing, &nominated.runner) {
+                    (true, _, _) => Some(None),
+                    (false, Some(Ok(registered)), Some(name)) => {
+                        match registered.iter().find(|r| r.name == *name) {
+                            Some(r) if r.busy => Some(None),
+                            Some(r) => {
+                                runner_id = Some(r.id);
+                                Some(Some(ReadingKind::Idle))
+                            }
+                            None => Some(Some(ReadingKind::Absent)),
+                        }
+                    }
+                    _ => Some(Some(ReadingKind::Unknown)),
+                }
+            };
+            let verdict = match reading {
+                None => Verdict::NotAsked,
+                Some(None) => Verdict::Busy,
+                Some(Some(kind)) => {
+                    still_read.insert(child.clone());
+                    let since = match self.readings.get(child) {
+                        Some(r) if r.kind == kind => r.since,
+                        _ => {
+                            self.readings
+                                .insert(child.clone(), Reading { kind, since: now });
+                            now
+                        }
+                    };
+                    let held_for = (now - since).to_std().unwrap_or_default();
+                    let confirmed = held_for >= nominated.policy.idle_confirm;
+                    match kind {
+                        ReadingKind::Idle => Verdict::Idle { confirmed },
+                        ReadingKind::Absent => Verdict::Absent { confirmed },
+                        ReadingKind::Unknown => Verdict::Unknown { held_for },
+                    }
+                }
+            };
+            let decision = decide(&crate::plan::reap::ReapInput {
+                nomination: nominated.nomination,
+                api: nominated.api,
+                allocation: nominated.allocation,
+                verdict,
+                age: nominated.age,
+                policy: nominated.policy,
+            });
+            let level_info = matches!(decision.outcome, Outcome::Vetoed);
+            if level_info {
+                info!(
+                    child = %child,
+                    nomination = nominated.nomination.as_str(),
+                    verdict = verdict.as_str(),
+                    outcome = decision.outcome.as_str(),
+                    "reap nomination vetoed: {}",
+                    decision.reason
+                );
+            } else if !decision.outcome.tears_down() {
+                debug!(
+                    child = %child,
+                    nomination = nominated.nomination.as_str(),
+                    verdict = verdict.as_str(),
+                    outcome = decision.outcome.as_str(),
+                    "reap nomination kept: {}",
+                    decision.reason
+                );
+            }
+            judged.push(Judgement {
+                nominated: nominated.clone(),
+                verdict,
+                runner_id,
+                decision,
+            });
+        }
+        self.readings.retain(|child, _| still_read.contains(child));
+        judged
+    }
+
+    /// Offline registrations named like our runners whose runner no child of ours runs.
+    /// Only where every listing of children was read: a runner of a child Nomad did not list
+    /// this tick is not stale.
+    pub fn stale_registrations(
+        &mut self,
+        config: &Config,
+        snapshot: &Snapshot,
+        registrations: &BTreeMap<RepoName, Result<Vec<RunnerRegistration>, PortError>>,
+        now: DateTime<Utc>,
+    ) -> Vec<StaleRegistration> {
+        if snapshot.undiscovered.is_some() || snapshot.parents.values().any(Result::is_err) {
+            return Vec::new();
+        }
+        let ours: BTreeSet<&RunnerName> = snapshot
+            .our_listed_children()
+            .filter_map(|c| c.runner_name.as_ref())
+            .collect();
+        let mut stale = Vec::new();
+        for (repo, listing) in registrations {
+            let Ok(registered) = listing else { continue };
+            self.swept_at.insert(repo.clone(), now);
+            let Some(config) = config.repos.get(repo) else {
+                continue;
+            };
+            let stems: Vec<String> = config.parents().iter().map(|p| runner_stem(p)).collect();
+            for r in registered {
+                if r.online || r.busy || ours.contains(&r.name) {
+                    continue;
+                }
+                if stems.iter().any(|stem| is_runner_of(&r.name, stem)) {
+                    stale.push(StaleRegistration {
+                        repo: repo.clone(),
+                        runner_id: r.id,
+                        name: r.name.clone(),
+                    });
+                }
+            }
+        }
+        stale
+    }
+
+    /// What the act step learnt of the runners it tried to take back: a refusal as busy (422)
+    /// ends the reading, an unexplained 404 makes it unknown, a stop ends it.
+    pub fn learn_from_reaps(
+        &mut self,
+        reaps: &[crate::act::execute::ReapOutcome],
+        now: DateTime<Utc>,
+    ) {
+        use crate::act::execute::ReapOutcome;
+        for reap in reaps {
+            match reap {
+                ReapOutcome::Stopped { child, .. } => {
+                    self.readings.remove(child);
+                    self.stopped.insert(child.clone());
+                }
+                ReapOutcome::Kept {
+                    child,
+                    outcome: Outcome::Vetoed,
+                    ..
+                } => {
+                    self.readings.remove(child);
+                }
+                ReapOutcome::Kept { child, .. } => {
+                    self.readings.insert(
+                        child.clone(),
+                        Reading {
+                            kind: ReadingKind::Unknown,
+                            since: now,
+                        },
+                    );
+                }
+                ReapOutcome::Failed { .. } => {}
+            }
+        }
+    }
+}
+
+/// The stem every runner name of `parent` starts with ([`RunnerName::for_parent`]).
+fn runner_stem(parent: &str) -> String {
+    let sample = RunnerName::for_parent(parent, "000000000000").0;
+    sample[..sample.len() - "000000000000".len()].to_string()
+}
+
+/// True when `name` is `<stem><12 lower-case hex>`: a name the daemon chose for `stem`'s parent.
+fn is_runner_of(name: &RunnerName, stem: &str) -> bool {
+    name.0.strip_prefix(stem).is_some_and(|suffix| {
+        suffix.len() == 12
+            && suffix
+                .chars()
+                .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
+    })
+}
+
+/// Reads the registrations of each repo through its registry, one listing per repo.
+pub async fn read_registrations(
+    to_read: Vec<(
+        crate::config::RepoConfig,
+        std::sync::Arc<dyn RunnerRegistry>,
+    )>,
+) -> BTreeMap<RepoName, Result<Vec<RunnerRegistration>, PortError>> {
+    let mut out = BTreeMap::new();
+    for (repo, registry) in to_read {
+        let listing = registry.list_runners(&repo).await;
+        if let Err(e) = &listing {
+            warn!(repo = %repo.repo, class = e.class.as_str(), "{}", e.message);
+        }
+        out.insert(repo.repo, listing);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crash_backoff_doubles_from_thirty_seconds_to_ten_minutes() {
+        let delays: Vec<u64> = (1..=8).map(|n| crash_delay(n).as_secs()).collect();
+        assert_eq!(delays, [30, 60, 120, 240, 480, 600, 600, 600]);
+        assert_eq!(crash_delay(u32::MAX), CRASH_BACKOFF_MAX);
+    }
+
+    #[test]
+    fn only_names_the_daemon_chose_for_a_parent_are_its_runners() {
+        let stem = runner_stem("ci-runner");
+        assert_eq!(stem, "ci-runner-");
+        assert!(is_runner_of(
+            &RunnerName("ci-runner-3f9c2a1b7d04".into()),
+            &stem
+        ));
+        for other in [
+            "ci-runner-3f9c2a1b7d0",
+            "ci-runner-3f9c2a1b7d04x",
+            "ci-runner-3F9C2A1B7D04",
+            "ci-runner-gpu-3f9c2a1b7d04",
+            "my-laptop",
+        ] {
+            assert!(!is_runner_of(&RunnerName(other.into()), &stem), "{other}");
+        }
+    }
+}
