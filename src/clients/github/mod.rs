@@ -34,7 +34,7 @@ use url::Url;
 use crate::act::{Registrar, RegistrationToken};
 use crate::clients::http::REQUEST_TIMEOUT_DEFAULT;
 use crate::config::{Mode, RepoConfig};
-use crate::model::{ErrorClass, RepoName, RunnerName};
+use crate::model::{ErrorClass, RATE_LIMIT_WAIT_MAX_S, RepoName, RunnerName};
 use crate::observe::{ForgeJob, JobState, PortError, QueueSource, RepoJobs};
 use crate::secrets::SecretSource;
 
@@ -333,7 +333,7 @@ impl GitHub {
 
     fn record(&self, holder: &BudgetHolder, answer: &Answer) {
         if let Some(rate) = RateHeaders::read(&answer.headers) {
-            self.budgets.record(holder, rate);
+            self.budgets.record(holder, rate, self.now());
         }
     }
 
@@ -342,8 +342,8 @@ impl GitHub {
         let now = self.now();
         let error = classify(answer.status, &answer.headers, &answer.body, now).context(doing);
         if let (ErrorClass::RateLimited, Some(wait_s)) = (error.class, error.retry_after_s) {
-            let wait = chrono::Duration::seconds(i64::try_from(wait_s).unwrap_or(i64::MAX / 2));
-            self.budgets.pause(holder, now + wait);
+            self.budgets
+                .pause(holder, budget::wait_until(now, wait_s), now);
         }
         error
     }
@@ -354,7 +354,7 @@ impl GitHub {
             Some(until) => {
                 let wait_s = u64::try_from((until - now).num_seconds())
                     .unwrap_or(0)
-                    .max(1);
+                    .clamp(1, RATE_LIMIT_WAIT_MAX_S);
                 Err(PortError::new(
                     ErrorClass::RateLimited,
                     format!(
