@@ -17,7 +17,9 @@ use tokio::time::Instant;
 use url::Url;
 
 use crate::act::{Registrar, RegistrationToken};
-use crate::clients::http::{TlsFiles, build_client, class_of_status, transport_error};
+use crate::clients::http::{
+    TlsFiles, build_client, class_of_status, redirect_refused, transport_error,
+};
 use crate::config::{Mode, RepoConfig};
 use crate::model::ErrorClass;
 use crate::observe::{ForgeJob, JobState, PortError, QueueSource, RepoJobs};
@@ -372,6 +374,9 @@ fn shown_url(url: &Url) -> String {
 
 /// `list runner jobs for alex/api at http://f:3000: 403 Forbidden: <Forgejo's message>`.
 fn status_error(doing: &str, status: StatusCode, body: &[u8], token: &SecretString) -> PortError {
+    if status.is_redirection() {
+        return redirect_refused("Forgejo", doing, status);
+    }
     let detail = serde_json::from_slice::<WireError>(body)
         .ok()
         .and_then(|e| e.message)
