@@ -359,3 +359,25 @@ async fn once_dry_run_plans_without_acting_and_once_then_dispatches_one_child() 
         assert!(!printed.contains(&secret), "a secret was printed");
     }
 }
+
+#[test]
+fn config_check_refuses_a_forgejo_repo_whose_job_search_has_no_label_to_ask_for() {
+    let document = r#"{
+      "acme/web": { "mode": "forgejo", "forgejoUrl": "https://forgejo.example", "vaultPath": "forgejo/web" },
+      "acme/docs": { "mode": "forgejo", "forgejoUrl": "https://forgejo.example", "vaultPath": "forgejo/docs", "labels": ["Docker"] }
+    }"#;
+    let file = TempFile::with_contents("forgejo-without-labels.json", document);
+    let output = run(
+        &["config", "check", &file.path().display().to_string()],
+        &[],
+    );
+    assert_eq!(output.status.code(), Some(1), "{}", shown(&output));
+    assert_eq!(
+        text(&output.stderr).lines().collect::<Vec<_>>(),
+        vec![
+            "acme/web: labels: required in \"forgejo\" mode when there are no profiles: the job search asks Forgejo for these labels"
+        ],
+        "{}",
+        shown(&output)
+    );
+}

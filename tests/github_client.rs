@@ -92,6 +92,7 @@ fn app_repo(name: &str) -> RepoConfig {
         profiles: Vec::new(),
         default_job: Some("ci-runner".to_string()),
         labels: None,
+        search_labels_as_written: Default::default(),
     }
 }
 

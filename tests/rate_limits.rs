@@ -43,6 +43,7 @@ fn vault_repo() -> RepoConfig {
         profiles: vec![],
         default_job: Some("ci-runner".into()),
         labels: None,
+        search_labels_as_written: Default::default(),
     }
 }
 

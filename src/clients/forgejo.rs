@@ -274,11 +274,20 @@ impl Forgejo {
 impl QueueSource for Forgejo {
     async fn list_jobs(&self, repo: &RepoConfig) -> Result<RepoJobs, PortError> {
         let call = self.call(repo)?;
+        // Forgejo compares labels case-sensitively: they are asked for as the document writes
+        // them.
         let labels = repo.search_labels();
         // The search returns jobs whose every label is among those asked for: asking for none
-        // can match nothing (Forgejo 11.0), so there is nothing to ask.
+        // matches nothing (Forgejo 11.0). The document check refuses such a repo; reporting no
+        // demand here would hide its jobs.
         if labels.is_empty() {
-            return Ok(RepoJobs::default());
+            return Err(PortError::new(
+                ErrorClass::Configuration,
+                format!(
+                    "list runner jobs for {}: the job search has no label to ask for (set labels or profiles)",
+                    repo.repo
+                ),
+            ));
         }
         self.ensure_version(&call).await?;
         let doing = call.doing("list runner jobs");
