@@ -50,6 +50,9 @@ pub const PER_PAGE: usize = 100;
 /// Pages followed per listing at most. A status-filtered run listing is a search capped at
 /// 1000 results (10 pages); a run has at most 256 matrix jobs per job definition.
 pub const PAGES_MAX: usize = 20;
+/// The run statuses whose runs can hold a queued job.
+pub const RUN_STATUSES_WITH_QUEUED_JOBS: [&str; 5] =
+    ["queued", "in_progress", "waiting", "pending", "requested"];
 /// GitHub returns at most this many results for a filtered run listing.
 pub const RUN_SEARCH_CAP: u64 = 1000;
 /// How long a polling token read from Vault is reused, so that a tick does not read Vault
@@ -807,9 +810,12 @@ fn forge_job(job: wire::Job) -> Option<ForgeJob> {
 
 #[async_trait]
 impl QueueSource for GitHub {
-    /// BRIEF step 2: GitHub has no "list queued jobs" call, so walk the `queued` and the
-    /// `in_progress` runs (a run is in progress while one of its jobs still waits), list each
-    /// run's latest jobs, keep the self-hosted ones, de-duplicate by job id.
+    /// BRIEF step 2: GitHub has no "list queued jobs" call, so walk the runs that can hold a
+    /// queued job, list each run's latest jobs, keep the self-hosted ones, de-duplicate by job
+    /// id. A run is `in_progress` while one of its jobs still waits, and `waiting`,
+    /// `pending` or `requested` while it sits at a gate (an environment's approval, a
+    /// concurrency group) with other jobs already queued. An unchanged listing answers 304,
+    /// which costs no rate limit.
     #[instrument(level = "debug", skip_all, fields(repo = %repo.repo))]
     async fn list_jobs(&self, repo: &RepoConfig) -> Result<RepoJobs, PortError> {
         if !repo.mode.is_github() {
@@ -820,7 +826,7 @@ impl QueueSource for GitHub {
         let mut truncated = false;
         let mut runs = Vec::new();
         let mut run_ids = HashSet::new();
-        for status in ["queued", "in_progress"] {
+        for status in RUN_STATUSES_WITH_QUEUED_JOBS {
             let doing = format!("list {status} runs of {}", repo.repo);
             let first =
                 format!("/repos/{owner}/{name}/actions/runs?status={status}&per_page={PER_PAGE}");
