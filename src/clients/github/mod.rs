@@ -738,11 +738,18 @@ impl GitHub {
         };
         let url = Url::parse(next).map_err(|_| refuse())?;
         let base_path = api.path().trim_end_matches('/');
+        // `/api/v3x` is not under `/api/v3`: the base must end at a segment boundary.
+        let under_base = url.path() == base_path
+            || url
+                .path()
+                .strip_prefix(base_path)
+                .is_some_and(|rest| rest.starts_with('/'));
         if url.scheme() != api.scheme()
             || url.host_str() != api.host_str()
             || url.port_or_known_default() != api.port_or_known_default()
-            || !url.path().starts_with(base_path)
+            || !under_base
             || url.username() != ""
+            || url.password().is_some()
         {
             return Err(refuse());
         }
