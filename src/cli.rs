@@ -267,6 +267,49 @@ pub fn read_secret_file(path: &std::path::Path, what: &str) -> Result<SecretStri
     Ok(SecretString::from(trimmed.to_string()))
 }
 
+impl DaemonArgs {
+    /// Refuses settings no daemon can run with, naming each (exit 64 before anything starts).
+    pub fn validate(&self) -> Result<(), String> {
+        let mut problems = Vec::new();
+        if self.poll_interval.is_zero() {
+            problems.push(
+                "--poll-interval (RUNNER_SCALER_POLL_INTERVAL) must be longer than 0s".to_string(),
+            );
+        }
+        if self.request_timeout.is_zero() {
+            problems.push(
+                "--request-timeout (RUNNER_SCALER_REQUEST_TIMEOUT) must be longer than 0s: every \
+                 request would time out at once"
+                    .to_string(),
+            );
+        }
+        // 0 would hold back every dispatch of every repo while looking like a cap.
+        if self.max_in_flight == Some(0) {
+            problems.push(
+                "--max-in-flight (RUNNER_SCALER_MAX_IN_FLIGHT) must be at least 1; to pause a \
+                 repo, set its maxConcurrent to 0 in the document, or leave this unset for no cap"
+                    .to_string(),
+            );
+        }
+        if self.runner_scaler_config_key.trim().is_empty() {
+            problems.push(
+                "--runner-scaler-config-key (RUNNER_SCALER_CONFIG_KEY) must name a Consul key"
+                    .to_string(),
+            );
+        }
+        if self.default_job.trim().is_empty() {
+            problems.push(
+                "--default-job (RUNNER_SCALER_DEFAULT_JOB) must name a Nomad job".to_string(),
+            );
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("; "))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -317,6 +360,38 @@ mod tests {
             Cli::try_parse_from(["runner-scaler", "simulate", "--bench-process", "--bench"])
                 .is_err()
         );
+    }
+
+    #[test]
+    fn impossible_settings_are_refused_naming_the_setting() {
+        let args = |extra: &[&str]| {
+            let mut argv = vec!["runner-scaler", "run"];
+            argv.extend_from_slice(extra);
+            let Command::Run(args) = Cli::try_parse_from(argv).unwrap().command else {
+                panic!("not run")
+            };
+            args
+        };
+        assert_eq!(args(&[]).validate(), Ok(()));
+        for (flags, named) in [
+            (&["--poll-interval", "0s"][..], "--poll-interval"),
+            (&["--request-timeout", "0s"], "--request-timeout"),
+            (&["--max-in-flight", "0"], "--max-in-flight"),
+            (&["--config-key", ""], "--runner-scaler-config-key"),
+            (&["--config-key", " "], "--runner-scaler-config-key"),
+            (&["--default-job", ""], "--default-job"),
+        ] {
+            let problem = args(flags).validate().expect_err(named);
+            assert!(problem.starts_with(named), "{flags:?}: {problem}");
+        }
+        let both = args(&["--poll-interval", "0s", "--max-in-flight", "0"])
+            .validate()
+            .unwrap_err();
+        assert!(
+            both.contains("--poll-interval") && both.contains("--max-in-flight"),
+            "{both}"
+        );
+        assert!(args(&["--max-in-flight", "1"]).validate().is_ok());
     }
 
     #[test]

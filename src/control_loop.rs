@@ -19,7 +19,7 @@ use crate::act::execute::{ActReport, DispatchOutcome, carry_out};
 use crate::act::{ChildControl, Registrar, Registrars, RunnerRegistry};
 use crate::config::watch::ConfigState;
 use crate::config::{Config, Mode};
-use crate::model::{ChildId, ErrorClass, RepoName};
+use crate::model::{ChildId, ErrorClass, RATE_LIMIT_WAIT_MAX_S, RepoName};
 use crate::observe::{ChildSource, Gap, PortError, QueueSource, RepoJobs, Snapshot};
 use crate::plan::{Holds, Plan, PlanInput, PlanSettings, plan};
 use crate::report::{self, TickView};
@@ -567,7 +567,7 @@ impl Controller {
                 )
             }
             ErrorClass::RateLimited => (
-                Duration::from_secs(error.retry_after_s.unwrap_or(60)),
+                Duration::from_secs(error.retry_after_s.unwrap_or(60).min(RATE_LIMIT_WAIT_MAX_S)),
                 false,
             ),
             ErrorClass::Unauthorized
@@ -597,7 +597,11 @@ impl Controller {
                 error.message
             );
         }
-        let retry_at = now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
+        // Settings and services choose the delay: adding it must not panic the tick.
+        let retry_at = chrono::Duration::from_std(delay)
+            .ok()
+            .and_then(|delay| now.checked_add_signed(delay))
+            .unwrap_or(DateTime::<Utc>::MAX_UTC);
         self.memory.failures.insert(
             scope,
             Failure {

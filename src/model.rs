@@ -247,6 +247,13 @@ impl fmt::Display for RunnerName {
     }
 }
 
+/// The longest a service's word can make the loop wait: `retry-after`, a rate-limit reset.
+/// Those values come from the network, and a broken proxy or a hostile answer could otherwise
+/// park a repo for years or overflow a timestamp. GitHub's primary rate-limit window is one
+/// hour, so no honest answer asks for more; after an hour the loop asks again and hears the
+/// current word.
+pub const RATE_LIMIT_WAIT_MAX_S: u64 = 60 * 60;
+
 /// How a failed call to a service should be treated. Every port error maps into one of these
 /// so that the loop decides retries the same way for every service (BRIEF lesson 10).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

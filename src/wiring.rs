@@ -97,6 +97,7 @@ pub struct Built {
 
 /// Builds the clients from settings; an error is a bad process setting.
 pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
+    args.validate()?;
     let timeout = args.request_timeout;
     let nomad = Arc::new(NomadClient::new(
         NomadSettings {

@@ -359,3 +359,85 @@ async fn once_dry_run_plans_without_acting_and_once_then_dispatches_one_child() 
         assert!(!printed.contains(&secret), "a secret was printed");
     }
 }
+
+#[test]
+fn config_check_refuses_a_forgejo_repo_whose_job_search_has_no_label_to_ask_for() {
+    let document = r#"{
+      "acme/web": { "mode": "forgejo", "forgejoUrl": "https://forgejo.example", "vaultPath": "forgejo/web" },
+      "acme/docs": { "mode": "forgejo", "forgejoUrl": "https://forgejo.example", "vaultPath": "forgejo/docs", "labels": ["Docker"] }
+    }"#;
+    let file = TempFile::with_contents("forgejo-without-labels.json", document);
+    let output = run(
+        &["config", "check", &file.path().display().to_string()],
+        &[],
+    );
+    assert_eq!(output.status.code(), Some(1), "{}", shown(&output));
+    assert_eq!(
+        text(&output.stderr).lines().collect::<Vec<_>>(),
+        vec![
+            "acme/web: labels: required in \"forgejo\" mode when there are no profiles: the job search asks Forgejo for these labels"
+        ],
+        "{}",
+        shown(&output)
+    );
+}
+
+/// Runs the binary, killing it if it is still running after `deadline` (a daemon that
+/// accepted a setting it should have refused runs forever).
+fn run_at_most(args: &[&str], deadline: std::time::Duration) -> Output {
+    let child = cli(&[])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start runner-scaler");
+    let pid = child.id();
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    match finished.recv_timeout(deadline) {
+        Ok(output) => output.expect("wait for runner-scaler"),
+        Err(_) => {
+            // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            panic!("runner-scaler {args:?} was still running after {deadline:?}");
+        }
+    }
+}
+
+#[test]
+fn impossible_settings_exit_64_naming_the_setting() {
+    for (args, named) in [
+        (&["run", "--poll-interval", "0s"][..], "--poll-interval"),
+        (&["run", "--request-timeout", "0s"], "--request-timeout"),
+        (&["run", "--max-in-flight", "0"], "--max-in-flight"),
+        (
+            &["once", "--dry-run", "--config-key", ""],
+            "--runner-scaler-config-key",
+        ),
+    ] {
+        let output = run_at_most(args, std::time::Duration::from_secs(60));
+        assert_eq!(
+            output.status.code(),
+            Some(64),
+            "{args:?}\n{}",
+            shown(&output)
+        );
+        let stderr = text(&output.stderr);
+        assert!(
+            stderr.starts_with(&format!("runner-scaler: {named}")),
+            "{args:?}\n{}",
+            shown(&output)
+        );
+    }
+    let output = run_at_most(
+        &["run", "--max-in-flight", "0"],
+        std::time::Duration::from_secs(60),
+    );
+    assert!(
+        text(&output.stderr).contains("maxConcurrent to 0 in the document"),
+        "{}",
+        shown(&output)
+    );
+}

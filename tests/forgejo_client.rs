@@ -1,7 +1,6 @@
 //! The Forgejo client against the Forgejo twin, with its API token read from the Vault twin by
 //! the real Vault client, all over loopback HTTP.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -85,12 +84,8 @@ fn forgejo_repo(base_url: &str, labels: &[&str]) -> RepoConfig {
             hard_bound: None,
         }],
         default_job: None,
-        labels: Some(
-            labels
-                .iter()
-                .map(|l| l.to_string())
-                .collect::<BTreeSet<_>>(),
-        ),
+        labels: Some(labels.iter().map(|l| l.to_lowercase()).collect()),
+        search_labels_as_written: labels.iter().map(|l| l.to_string()).collect(),
     }
 }
 
@@ -185,15 +180,48 @@ async fn the_search_returns_jobs_whose_every_label_was_asked_for() {
 }
 
 #[tokio::test]
-async fn with_no_labels_to_ask_for_nothing_is_asked() {
+async fn with_no_labels_to_ask_for_nothing_is_asked_and_the_repo_is_misconfigured() {
     let world = World::new().await;
     world.forgejo.add_job(REPO, "a", &["build"]);
     let mut repo = world.repo(&[]);
     repo.profiles.clear();
-    let jobs = world.client.list_jobs(&repo).await.unwrap();
-    assert!(jobs.jobs.is_empty());
+    let error = world.client.list_jobs(&repo).await.unwrap_err();
+    assert_eq!(error.class, ErrorClass::Configuration, "{error:?}");
+    assert!(error.message.contains(REPO), "{}", error.message);
     assert!(world.forgejo.requests().is_empty());
     assert!(world.vault.requests().is_empty());
+}
+
+#[tokio::test]
+async fn labels_are_asked_for_as_the_document_writes_them() {
+    let world = World::new().await;
+    let upper = world.forgejo.add_job(REPO, "a", &["Linux"]);
+    let lower = world.forgejo.add_job(REPO, "b", &["linux"]);
+    let document = format!(
+        r#"{{"{REPO}": {{"mode": "forgejo", "forgejoUrl": "{}", "vaultPath": "{VAULT_PATH}", "labels": ["Linux"]}}}}"#,
+        world.forgejo_server.base_url()
+    );
+    let config = runner_scaler::config::parse_document(
+        document.as_bytes(),
+        &runner_scaler::config::ConfigDefaults::default(),
+    )
+    .unwrap();
+    let repo = &config.repos[&RepoName::parse(REPO).unwrap()];
+
+    let jobs = world.client.list_jobs(repo).await.unwrap();
+    let ids: Vec<u64> = jobs.jobs.iter().map(|j| j.id).collect();
+    assert_eq!(
+        ids,
+        vec![upper],
+        "the lower-case job {lower} is not asked for"
+    );
+    let search = world
+        .forgejo
+        .requests()
+        .into_iter()
+        .find(|r| r.path.ends_with("/actions/runners/jobs"))
+        .unwrap();
+    assert_eq!(search.query.as_deref(), Some("labels=Linux"));
 }
 
 #[tokio::test]

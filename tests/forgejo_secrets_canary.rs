@@ -102,6 +102,7 @@ async fn no_secret_reaches_the_logs_or_an_error_at_trace_level() {
         profiles: Vec::new(),
         default_job: None,
         labels: Some(BTreeSet::from(["build".to_string()])),
+        search_labels_as_written: BTreeSet::from(["build".to_string()]),
     };
 
     let mut errors: Vec<String> = Vec::new();

@@ -60,6 +60,7 @@ fn repo(name: &str, mode: Mode) -> RepoConfig {
         profiles: Vec::new(),
         default_job: None,
         labels: None,
+        search_labels_as_written: Default::default(),
     }
 }
 

@@ -13,7 +13,7 @@ use runner_scaler::observe::{JobState, PortError, QueueSource};
 use runner_scaler::secrets::{ExposeSecret, SecretSource, SecretString};
 use runner_scaler::sim::twins::TwinServer;
 use runner_scaler::sim::twins::github::{
-    GitHubTwin, RateLimitAnswer, TEST_APP_ID, TEST_APP_PRIVATE_KEY_PEM,
+    GitHubTwin, RateLimitAnswer, RunGate, TEST_APP_ID, TEST_APP_PRIVATE_KEY_PEM,
 };
 use serde_json::json;
 use url::Url;
@@ -92,6 +92,7 @@ fn app_repo(name: &str) -> RepoConfig {
         profiles: Vec::new(),
         default_job: Some("ci-runner".to_string()),
         labels: None,
+        search_labels_as_written: Default::default(),
     }
 }
 
@@ -175,6 +176,48 @@ async fn every_token_names_one_repo_and_one_permission() {
 }
 
 #[tokio::test]
+async fn a_queued_job_inside_a_run_held_at_a_gate_is_found() {
+    let w = world().await;
+    w.twin.install_app("acme");
+    let repo = app_repo("acme/api");
+    for gate in [RunGate::Waiting, RunGate::Pending, RunGate::Requested] {
+        // One job waits for an environment's approval (never started); its sibling is queued
+        // for a runner, and the run shows the gate's status.
+        let run = w.twin.add_run(
+            &repo.repo,
+            vec![vec!["self-hosted", "deploy"], vec!["self-hosted", "linux"]],
+        );
+        w.twin.hold_run(&repo.repo, run.run_id, Some(gate));
+        let jobs = w.client.list_jobs(&repo).await.unwrap();
+        assert!(
+            jobs.jobs.iter().any(|j| j.id == run.job_ids[1]),
+            "{gate:?}: {:?}",
+            jobs.jobs
+        );
+        w.twin.cancel_job(&repo.repo, run.job_ids[0]).unwrap();
+        w.twin.cancel_job(&repo.repo, run.job_ids[1]).unwrap();
+    }
+    let listed: BTreeSet<String> = w
+        .twin
+        .request_log()
+        .iter()
+        .filter(|r| r.endpoint == LIST_RUNS)
+        .filter_map(|r| {
+            let query = r.path.split_once('?')?.1;
+            query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("status=").map(str::to_string))
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        ["in_progress", "pending", "queued", "requested", "waiting"]
+            .map(String::from)
+            .into()
+    );
+}
+
+#[tokio::test]
 async fn the_twin_refuses_a_token_without_the_permission_as_forbidden() {
     let w = world().await;
     let repo = vault_repo("acme/api", "github/api-poll");
@@ -222,8 +265,8 @@ async fn listing_follows_every_page_of_runs_and_jobs() {
     assert!(big.job_ids.iter().all(|id| ids.contains(id)));
     assert_eq!(
         count(&w.twin, LIST_RUNS),
-        3,
-        "2 pages of queued runs, 1 of in-progress"
+        6,
+        "2 pages of queued runs, 1 of in-progress, 1 each of waiting, pending, requested"
     );
     assert_eq!(count(&w.twin, LIST_JOBS), 130 + 2);
     let followed: Vec<String> = w

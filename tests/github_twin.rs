@@ -659,6 +659,7 @@ async fn the_client_reads_the_documentation_examples() {
         profiles: Vec::new(),
         default_job: None,
         labels: None,
+        search_labels_as_written: Default::default(),
     };
     let jobs = client.list_jobs(&repo).await.unwrap();
     assert_eq!(

@@ -9,6 +9,10 @@
 //! - Its CA option reads only the **first** certificate of a PEM file (`Certificate::from_pem`)
 //!   and, without one, trusts the bundled web PKI roots rather than the system's; it honours
 //!   client certificates, but has no `CONSUL_TLS_SERVER_NAME` and no `unix://` addresses.
+//! - Its reqwest client follows redirects, and reqwest strips only `Authorization`-type
+//!   headers when a redirect leaves the origin: `X-Consul-Token` would travel to wherever a
+//!   3xx points. `ConsulClient::http` is public, so its client is replaced here by one built
+//!   the same way that follows none; a 3xx is reported as a configuration error.
 //! - It keeps the ACL token as a plain `String` in its settings (which derive `Debug`) and
 //!   panics on a token that is not a valid header value: the token is checked here first, and
 //!   the settings are never formatted. Its tracing spans skip the client and the request, so
@@ -27,7 +31,7 @@ use consulrs::client::{ConsulClient, ConsulClientSettings};
 use consulrs::error::ClientError;
 use secrecy::{ExposeSecret, SecretString};
 
-use crate::clients::http::{REQUEST_TIMEOUT_DEFAULT, class_of_status};
+use crate::clients::http::{REQUEST_TIMEOUT_DEFAULT, class_of_status, redirect_refused};
 use crate::config::watch::{DocumentSource, Fetched};
 use crate::model::ErrorClass;
 use crate::observe::PortError;
@@ -182,8 +186,10 @@ impl ConsulKv {
             verify: true,
             version: 1,
         };
-        let client = ConsulClient::new(consul_settings)
+        let mut client = ConsulClient::new(consul_settings)
             .map_err(|e| format!("build Consul client for {address}: {}", chain(&e)))?;
+        client.http.http = without_redirects(&client.settings)
+            .map_err(|e| format!("build Consul client for {address}: {e}"))?;
         Ok(ConsulKv {
             client,
             key: key.to_string(),
@@ -198,6 +204,31 @@ impl ConsulKv {
     fn doing(&self) -> String {
         format!("read Consul key {} at {}", self.key, self.address)
     }
+}
+
+/// The reqwest client `ConsulClient::new` builds from `settings` (consulrs 0.1: the same TLS
+/// options, no timeout), except that it follows no redirect.
+fn without_redirects(settings: &ConsulClientSettings) -> Result<reqwest_0_11::Client, String> {
+    let mut builder = reqwest_0_11::ClientBuilder::new()
+        .danger_accept_invalid_certs(!settings.verify)
+        .redirect(reqwest_0_11::redirect::Policy::none());
+    for path in &settings.ca_certs {
+        let pem = std::fs::read(path).map_err(|e| format!("read CA certificate {path}: {e}"))?;
+        let cert = reqwest_0_11::Certificate::from_pem(&pem)
+            .map_err(|e| format!("parse CA certificate {path}: {e}"))?;
+        builder = builder.add_root_certificate(cert);
+    }
+    if let (Some(cert), Some(key)) = (&settings.client_cert, &settings.client_key) {
+        let mut pem =
+            std::fs::read(cert).map_err(|e| format!("read client certificate {cert}: {e}"))?;
+        pem.extend(std::fs::read(key).map_err(|e| format!("read client key {key}: {e}"))?);
+        let identity = reqwest_0_11::Identity::from_pem(&pem)
+            .map_err(|e| format!("load client certificate {cert} and key: {e}"))?;
+        builder = builder.identity(identity);
+    }
+    builder
+        .build()
+        .map_err(|e| format!("build HTTP client: {e}"))
 }
 
 /// An error and its sources, one after another: consulrs's own messages name no cause.
@@ -223,6 +254,9 @@ fn classify(doing: &str, e: ClientError) -> PortError {
         ClientError::APIError { code, message } => {
             let status = reqwest::StatusCode::from_u16(code)
                 .unwrap_or(reqwest::StatusCode::INTERNAL_SERVER_ERROR);
+            if status.is_redirection() {
+                return redirect_refused("Consul", doing, status);
+            }
             let body = message.as_deref().map(excerpt).unwrap_or_default();
             let mut text = format!("{doing}: {status}");
             if !body.is_empty() {

@@ -17,7 +17,9 @@ use tokio::time::Instant;
 use url::Url;
 
 use crate::act::{Registrar, RegistrationToken};
-use crate::clients::http::{TlsFiles, build_client, class_of_status, transport_error};
+use crate::clients::http::{
+    TlsFiles, build_client, class_of_status, redirect_refused, transport_error,
+};
 use crate::config::{Mode, RepoConfig};
 use crate::model::ErrorClass;
 use crate::observe::{ForgeJob, JobState, PortError, QueueSource, RepoJobs};
@@ -272,11 +274,20 @@ impl Forgejo {
 impl QueueSource for Forgejo {
     async fn list_jobs(&self, repo: &RepoConfig) -> Result<RepoJobs, PortError> {
         let call = self.call(repo)?;
+        // Forgejo compares labels case-sensitively: they are asked for as the document writes
+        // them.
         let labels = repo.search_labels();
         // The search returns jobs whose every label is among those asked for: asking for none
-        // can match nothing (Forgejo 11.0), so there is nothing to ask.
+        // matches nothing (Forgejo 11.0). The document check refuses such a repo; reporting no
+        // demand here would hide its jobs.
         if labels.is_empty() {
-            return Ok(RepoJobs::default());
+            return Err(PortError::new(
+                ErrorClass::Configuration,
+                format!(
+                    "list runner jobs for {}: the job search has no label to ask for (set labels or profiles)",
+                    repo.repo
+                ),
+            ));
         }
         self.ensure_version(&call).await?;
         let doing = call.doing("list runner jobs");
@@ -372,6 +383,9 @@ fn shown_url(url: &Url) -> String {
 
 /// `list runner jobs for alex/api at http://f:3000: 403 Forbidden: <Forgejo's message>`.
 fn status_error(doing: &str, status: StatusCode, body: &[u8], token: &SecretString) -> PortError {
+    if status.is_redirection() {
+        return redirect_refused("Forgejo", doing, status);
+    }
     let detail = serde_json::from_slice::<WireError>(body)
         .ok()
         .and_then(|e| e.message)

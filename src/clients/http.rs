@@ -1,5 +1,5 @@
 //! One way to build an HTTP client for a HashiCorp service or a forge: TLS settings honoured,
-//! a request timeout on every call, and a User-Agent naming us.
+//! a request timeout on every call, a User-Agent naming us, and no redirects followed.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -36,10 +36,14 @@ pub fn build_client(
     timeout: Duration,
 ) -> Result<reqwest::Client, String> {
     install_crypto_provider();
+    // Every request carries a token in a header (`X-Nomad-Token`, `Authorization: token`).
+    // reqwest follows redirects by default and strips only `Authorization`-type headers when
+    // one leaves the origin, so a redirect would hand the others to whoever it points at.
     let mut builder = reqwest::Client::builder()
         .user_agent(USER_AGENT)
         .timeout(timeout)
-        .connect_timeout(timeout.min(Duration::from_secs(5)));
+        .connect_timeout(timeout.min(Duration::from_secs(5)))
+        .redirect(reqwest::redirect::Policy::none());
     if let Some(ca) = &tls.ca_cert {
         let pem = read(ca, &format!("{service} CA certificate"))?;
         for cert in reqwest::Certificate::from_pem_bundle(&pem)
@@ -83,10 +87,29 @@ pub fn transport_error(doing: impl std::fmt::Display, e: &reqwest::Error) -> Por
     PortError::new(ErrorClass::Transient, format!("{doing}: {what}: {e}"))
 }
 
+/// A 3xx answer to a request that carries a token: the clients do not follow redirects (see
+/// [`build_client`]), so the answer names what to fix instead of where the token would go.
+/// The `Location` is not shown: it is the answering server's text.
+pub fn redirect_refused(
+    service: &str,
+    doing: impl std::fmt::Display,
+    status: reqwest::StatusCode,
+) -> PortError {
+    PortError::new(
+        ErrorClass::Configuration,
+        format!(
+            "{doing}: {service} answered a redirect to another location ({status}); redirects \
+             are not followed because the request carries a token"
+        ),
+    )
+}
+
 /// The usual status mapping for services without special rules (Nomad, Consul, Vault,
 /// Forgejo); GitHub refines 403 and 429 by its rate-limit headers.
 pub fn class_of_status(status: reqwest::StatusCode) -> ErrorClass {
     match status.as_u16() {
+        // Never followed: see `redirect_refused`.
+        300..=399 => ErrorClass::Configuration,
         401 => ErrorClass::Unauthorized,
         403 => ErrorClass::Forbidden,
         404 => ErrorClass::NotFound,

@@ -16,7 +16,9 @@ use serde::{Deserialize, Serialize};
 use url::Url;
 
 use crate::act::{ChildControl, DispatchRequest, Dispatched};
-use crate::clients::http::{TlsFiles, build_client, class_of_status, transport_error};
+use crate::clients::http::{
+    TlsFiles, build_client, class_of_status, redirect_refused, transport_error,
+};
 use crate::model::{ChildId, ErrorClass, MANAGED_BY, RunnerName};
 use crate::observe::{Child, ChildSource, ChildStatus, Placement, PortError};
 
@@ -395,6 +397,9 @@ impl NomadClient {
         let status = response.status();
         if status.is_success() {
             return Ok(response);
+        }
+        if status.is_redirection() {
+            return Err(redirect_refused("Nomad", doing, status));
         }
         let body = response.text().await.unwrap_or_default();
         Err(PortError::new(

@@ -27,7 +27,10 @@ use url::Url;
 use vaultrs::client::{VaultClient, VaultClientSettingsBuilder};
 use vaultrs::error::ClientError as VaultError;
 
-use crate::clients::http::{REQUEST_TIMEOUT_DEFAULT, class_of_status, install_crypto_provider};
+use crate::clients::http::{
+    REQUEST_TIMEOUT_DEFAULT, TlsFiles, build_client, class_of_status, install_crypto_provider,
+    redirect_refused,
+};
 use crate::model::ErrorClass;
 use crate::observe::PortError;
 use crate::secrets::SecretSource;
@@ -144,7 +147,7 @@ impl VaultKv {
         let client_settings = builder
             .build()
             .map_err(|_| "invalid Vault client settings".to_string())?;
-        let client = VaultClient::new(client_settings).map_err(|e| match e {
+        let mut client = VaultClient::new(client_settings).map_err(|e| match e {
             VaultError::FileReadError { path, source } => {
                 format!("read Vault CA certificate {path}: {source}")
             }
@@ -153,6 +156,19 @@ impl VaultKv {
             }
             _ => "build Vault HTTP client".to_string(),
         })?;
+        // vaultrs's reqwest client follows redirects, and reqwest strips only
+        // `Authorization`-type headers when a redirect leaves the origin: `X-Vault-Token`
+        // would travel to wherever a 3xx points (a standby's redirect, a proxy). Its `http`
+        // field is public; the replacement follows none, and vaultrs's middleware still adds
+        // the token and the namespace to every request.
+        client.http.http = build_client(
+            "Vault",
+            &TlsFiles {
+                ca_cert: settings.ca_cert.clone(),
+                ..TlsFiles::default()
+            },
+            REQUEST_TIMEOUT_DEFAULT,
+        )?;
         Ok(VaultKv { client, mount })
     }
 
@@ -357,6 +373,9 @@ fn vault_error(doing: &str, e: VaultError) -> PortError {
 
 fn status_error(doing: &str, code: u16, detail: &str) -> PortError {
     let status = reqwest::StatusCode::from_u16(code).unwrap_or(reqwest::StatusCode::BAD_GATEWAY);
+    if status.is_redirection() {
+        return redirect_refused("Vault", doing, status);
+    }
     let class = match code {
         // Vault answers 412 when a performance standby has not caught up yet.
         412 => ErrorClass::Transient,

@@ -104,9 +104,12 @@ pub struct RepoConfig {
     /// `app` mode, else none (such jobs are unroutable).
     pub default_job: Option<String>,
     /// The label allow-list: a job with a label outside it is unroutable. `None` allows any.
-    /// In `forgejo` mode this is also what the job search asks for (defaulting to the profile
-    /// labels).
+    /// Lower-cased, as routing compares labels.
     pub labels: Option<BTreeSet<String>>,
+    /// What the Forgejo job search asks for: `labels`, else the profile labels, exactly as the
+    /// document writes them (trimmed). Forgejo compares labels case-sensitively, so a
+    /// lower-cased `Linux` would find no job.
+    pub search_labels_as_written: BTreeSet<String>,
 }
 
 /// Where a job goes: which parent, under which profile.
@@ -179,12 +182,10 @@ impl RepoConfig {
         parents
     }
 
-    /// The labels a Forgejo job search asks for: the allow-list, else the profile labels.
+    /// The labels a Forgejo job search asks for, as the document writes them: the allow-list,
+    /// else the profile labels.
     pub fn search_labels(&self) -> BTreeSet<String> {
-        match &self.labels {
-            Some(labels) => labels.clone(),
-            None => self.profiles.iter().map(|p| p.label.clone()).collect(),
-        }
+        self.search_labels_as_written.clone()
     }
 }
 

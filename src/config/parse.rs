@@ -331,6 +331,34 @@ fn check_repo(
             );
         }
     }
+    // Forgejo compares labels case-sensitively: the search asks for them as written.
+    let search_labels_as_written = match found.get("labels") {
+        Some(value) => written_strings(value, None),
+        None => found
+            .get("profiles")
+            .map(|value| written_strings(value, Some("label")))
+            .unwrap_or_default(),
+    };
+    if mode == Some(ModeName::Forgejo) && search_labels_as_written.is_empty() {
+        if given("labels") {
+            if labels.is_some() {
+                report.field(
+                    "labels",
+                    "must name at least one label in \"forgejo\" mode: the job search asks \
+                     Forgejo for these labels",
+                );
+            }
+        } else if found
+            .get("profiles")
+            .is_none_or(|p| matches!(p, Json::Array(items) if items.is_empty()))
+        {
+            report.field(
+                "labels",
+                "required in \"forgejo\" mode when there are no profiles: the job search asks \
+                 Forgejo for these labels",
+            );
+        }
+    }
     if let Some(allowed) = &labels {
         for (i, profile) in profiles.iter().enumerate() {
             if let Some(profile) = profile
@@ -382,7 +410,32 @@ fn check_repo(
         profiles,
         default_job,
         labels,
+        search_labels_as_written,
     })
+}
+
+/// The trimmed strings of a JSON array (or the `key` field of each of its objects), as
+/// written; anything else is skipped, having been reported by the field's own check.
+fn written_strings(value: &Json, key: Option<&str>) -> BTreeSet<String> {
+    let Json::Array(items) = value else {
+        return BTreeSet::new();
+    };
+    items
+        .iter()
+        .filter_map(|item| match (item, key) {
+            (Json::String(s), None) => Some(s.trim().to_string()),
+            (Json::Object(entries), Some(key)) => {
+                entries
+                    .iter()
+                    .find(|(k, _)| k == key)
+                    .and_then(|(_, v)| match v {
+                        Json::String(s) => Some(s.trim().to_string()),
+                        _ => None,
+                    })
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// Each element is `None` when that profile had a problem.
@@ -795,6 +848,7 @@ mod tests {
                         profiles: vec![],
                         default_job: Some("ci-runner".into()),
                         labels: None,
+                        search_labels_as_written: BTreeSet::new(),
                     },
                 ),
                 (
@@ -809,6 +863,7 @@ mod tests {
                         profiles: vec![profile("forgejo-build-runner", "build", Some(1))],
                         default_job: None,
                         labels: None,
+                        search_labels_as_written: BTreeSet::from(["build".to_string()]),
                     },
                 ),
                 (
@@ -827,6 +882,7 @@ mod tests {
                         ],
                         default_job: None,
                         labels: None,
+                        search_labels_as_written: BTreeSet::from(["vm".into(), "go".into()]),
                     },
                 ),
             ]),
@@ -890,6 +946,11 @@ mod tests {
             Some(BTreeSet::from(["go".to_string(), "linux".to_string()]))
         );
         assert_eq!(acme.profiles[0].label, "go");
+        // Routing compares lower-cased labels; Forgejo's search compares them as written.
+        assert_eq!(
+            acme.search_labels(),
+            BTreeSet::from(["Linux".to_string(), "GO".to_string(), "linux".to_string()])
+        );
         assert_eq!(acme.default_job.as_deref(), Some("Generic.Runner_2"));
         assert_eq!(acme.mode.vault_path(), Some("gh/poll"));
     }
@@ -938,6 +999,45 @@ mod tests {
             );
         }
         assert_eq!(errors.len(), expected.len(), "{errors:#?}");
+    }
+
+    #[test]
+    fn a_forgejo_search_needs_a_label_to_ask_for() {
+        let forgejo = r#""mode": "forgejo", "forgejoUrl": "https://f.example", "vaultPath": "f""#;
+        let required = "acme/web: labels: required in \"forgejo\" mode when there are no profiles: the job search asks Forgejo for these labels";
+        for fields in [
+            "",
+            r#", "profiles": []"#,
+            r#", "defaultJob": "forgejo-runner""#,
+        ] {
+            let doc = format!(r#"{{"acme/web": {{{forgejo}{fields}}}}}"#);
+            assert_eq!(rendered_errors(&doc), vec![required], "{doc}");
+        }
+        let doc = format!(r#"{{"acme/web": {{{forgejo}, "labels": []}}}}"#);
+        assert_eq!(
+            rendered_errors(&doc),
+            vec![
+                "acme/web: labels: must name at least one label in \"forgejo\" mode: the job search asks Forgejo for these labels"
+            ]
+        );
+        for fields in [
+            r#", "labels": ["Docker"]"#,
+            r#", "profiles": [{"job": "forgejo-runner", "label": "Build"}]"#,
+        ] {
+            let doc = format!(r#"{{"acme/web": {{{forgejo}{fields}}}}}"#);
+            let config = parse(&doc).unwrap_or_else(|e| panic!("{doc}: {e:?}"));
+            let web = &config.repos[&repo("acme/web")];
+            assert_eq!(web.search_labels().len(), 1, "{doc}");
+            assert!(
+                web.search_labels()
+                    .iter()
+                    .all(|l| l.chars().next().unwrap().is_uppercase()),
+                "{doc}: {:?}",
+                web.search_labels()
+            );
+        }
+        // Other modes search nothing: GitHub lists runs.
+        assert!(parse(r#"{"acme/api": {"mode": "app"}}"#).is_ok());
     }
 
     #[test]

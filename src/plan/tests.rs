@@ -34,6 +34,7 @@ fn app_repo(name: &str, cap: u32) -> RepoConfig {
         profiles: vec![],
         default_job: Some("ci-runner".into()),
         labels: None,
+        search_labels_as_written: Default::default(),
     }
 }
 

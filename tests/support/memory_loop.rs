@@ -31,6 +31,7 @@ pub fn app_config(repos: &[(&str, u32)]) -> Config {
                 profiles: vec![],
                 default_job: Some("ci-runner".into()),
                 labels: None,
+                search_labels_as_written: Default::default(),
             },
         );
     }

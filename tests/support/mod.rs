@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use tracing_subscriber::fmt::MakeWriter;
 
 pub mod memory_loop;
+pub mod recording;
 
 /// Everything written by a tracing subscriber, kept in memory.
 #[derive(Clone, Default)]

@@ -7,9 +7,22 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Mutex;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 
 use super::transport::RateHeaders;
+use crate::model::RATE_LIMIT_WAIT_MAX_S;
+
+/// `now` plus a wait of `wait_s` seconds, clamped to [`RATE_LIMIT_WAIT_MAX_S`]; never panics.
+pub fn wait_until(now: DateTime<Utc>, wait_s: u64) -> DateTime<Utc> {
+    let wait_s = i64::try_from(wait_s.min(RATE_LIMIT_WAIT_MAX_S)).unwrap_or(0);
+    now.checked_add_signed(TimeDelta::seconds(wait_s))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+/// `at`, or the end of the longest wait a service may impose if `at` is later.
+fn no_later_than_the_longest_wait(at: DateTime<Utc>, now: DateTime<Utc>) -> DateTime<Utc> {
+    at.min(wait_until(now, RATE_LIMIT_WAIT_MAX_S))
+}
 
 /// Who a request's primary rate limit is charged to.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -68,15 +81,23 @@ pub struct RateBudgets {
 }
 
 impl RateBudgets {
-    pub fn record(&self, holder: &BudgetHolder, rate: RateHeaders) {
+    /// Keeps what GitHub said about `holder`'s budget at `now`. A reset further away than the
+    /// longest wait is kept as that wait's end: an exhausted budget is then asked again after
+    /// an hour instead of never.
+    pub fn record(&self, holder: &BudgetHolder, rate: RateHeaders, now: DateTime<Utc>) {
         let mut budgets = self.budgets.lock().expect("budgets lock");
         let budget = budgets.entry(holder.clone()).or_default();
         budget.limit = rate.limit.or(budget.limit);
         budget.remaining = rate.remaining.or(budget.remaining);
-        budget.reset_at = rate.reset_at.or(budget.reset_at);
+        budget.reset_at = rate
+            .reset_at
+            .map(|reset| no_later_than_the_longest_wait(reset, now))
+            .or(budget.reset_at);
     }
 
-    pub fn pause(&self, holder: &BudgetHolder, until: DateTime<Utc>) {
+    /// No request on `holder`'s budget before `until` (at most the longest wait from `now`).
+    pub fn pause(&self, holder: &BudgetHolder, until: DateTime<Utc>, now: DateTime<Utc>) {
+        let until = no_later_than_the_longest_wait(until, now);
         let mut budgets = self.budgets.lock().expect("budgets lock");
         let budget = budgets.entry(holder.clone()).or_default();
         budget.paused_until = Some(budget.paused_until.map_or(until, |p| p.max(until)));
@@ -117,6 +138,7 @@ mod tests {
                 remaining: Some(0),
                 reset_at: Some(at(200)),
             },
+            at(100),
         );
         assert_eq!(budgets.paused_until(&holder, at(100)), Some(at(200)));
         assert_eq!(budgets.paused_until(&holder, at(200)), None);
@@ -137,9 +159,44 @@ mod tests {
                 remaining: Some(4000),
                 reset_at: Some(at(3600)),
             },
+            at(100),
         );
-        budgets.pause(&holder, at(160));
+        budgets.pause(&holder, at(160), at(100));
         assert_eq!(budgets.paused_until(&holder, at(100)), Some(at(160)));
         assert_eq!(budgets.paused_until(&holder, at(161)), None);
+    }
+
+    #[test]
+    fn a_reset_or_a_pause_beyond_an_hour_is_held_to_an_hour() {
+        let budgets = RateBudgets::default();
+        let now = at(1_700_000_000);
+        let an_hour_later = at(1_700_000_000 + 3600);
+        let exhausted = BudgetHolder::Installation(1);
+        budgets.record(
+            &exhausted,
+            RateHeaders {
+                limit: Some(5000),
+                remaining: Some(0),
+                reset_at: Some(DateTime::<Utc>::MAX_UTC),
+            },
+            now,
+        );
+        assert_eq!(budgets.paused_until(&exhausted, now), Some(an_hour_later));
+        assert_eq!(budgets.paused_until(&exhausted, an_hour_later), None);
+
+        let refused = BudgetHolder::App;
+        budgets.pause(&refused, DateTime::<Utc>::MAX_UTC, now);
+        assert_eq!(budgets.paused_until(&refused, now), Some(an_hour_later));
+    }
+
+    #[test]
+    fn waits_are_clamped_without_overflow() {
+        let now = at(1_700_000_000);
+        assert_eq!(wait_until(now, 30), at(1_700_000_030));
+        assert_eq!(wait_until(now, u64::MAX), at(1_700_000_000 + 3600));
+        assert_eq!(
+            wait_until(DateTime::<Utc>::MAX_UTC, 60),
+            DateTime::<Utc>::MAX_UTC
+        );
     }
 }

@@ -34,7 +34,7 @@ use url::Url;
 use crate::act::{Deregistration, Registrar, RegistrationToken, RunnerRegistry};
 use crate::clients::http::REQUEST_TIMEOUT_DEFAULT;
 use crate::config::{Mode, RepoConfig};
-use crate::model::{ErrorClass, RepoName, RunnerName};
+use crate::model::{ErrorClass, RATE_LIMIT_WAIT_MAX_S, RepoName, RunnerName};
 use crate::observe::{ForgeJob, JobState, PortError, QueueSource, RepoJobs, RunnerRegistration};
 use crate::secrets::SecretSource;
 
@@ -50,6 +50,9 @@ pub const PER_PAGE: usize = 100;
 /// Pages followed per listing at most. A status-filtered run listing is a search capped at
 /// 1000 results (10 pages); a run has at most 256 matrix jobs per job definition.
 pub const PAGES_MAX: usize = 20;
+/// The run statuses whose runs can hold a queued job.
+pub const RUN_STATUSES_WITH_QUEUED_JOBS: [&str; 5] =
+    ["queued", "in_progress", "waiting", "pending", "requested"];
 /// GitHub returns at most this many results for a filtered run listing.
 pub const RUN_SEARCH_CAP: u64 = 1000;
 /// How long a polling token read from Vault is reused, so that a tick does not read Vault
@@ -343,7 +346,7 @@ impl GitHub {
 
     fn record(&self, holder: &BudgetHolder, answer: &Answer) {
         if let Some(rate) = RateHeaders::read(&answer.headers) {
-            self.budgets.record(holder, rate);
+            self.budgets.record(holder, rate, self.now());
         }
     }
 
@@ -352,8 +355,8 @@ impl GitHub {
         let now = self.now();
         let error = classify(answer.status, &answer.headers, &answer.body, now).context(doing);
         if let (ErrorClass::RateLimited, Some(wait_s)) = (error.class, error.retry_after_s) {
-            let wait = chrono::Duration::seconds(i64::try_from(wait_s).unwrap_or(i64::MAX / 2));
-            self.budgets.pause(holder, now + wait);
+            self.budgets
+                .pause(holder, budget::wait_until(now, wait_s), now);
         }
         error
     }
@@ -364,7 +367,7 @@ impl GitHub {
             Some(until) => {
                 let wait_s = u64::try_from((until - now).num_seconds())
                     .unwrap_or(0)
-                    .max(1);
+                    .clamp(1, RATE_LIMIT_WAIT_MAX_S);
                 Err(PortError::new(
                     ErrorClass::RateLimited,
                     format!(
@@ -763,11 +766,18 @@ impl GitHub {
         };
         let url = Url::parse(next).map_err(|_| refuse())?;
         let base_path = api.path().trim_end_matches('/');
+        // `/api/v3x` is not under `/api/v3`: the base must end at a segment boundary.
+        let under_base = url.path() == base_path
+            || url
+                .path()
+                .strip_prefix(base_path)
+                .is_some_and(|rest| rest.starts_with('/'));
         if url.scheme() != api.scheme()
             || url.host_str() != api.host_str()
             || url.port_or_known_default() != api.port_or_known_default()
-            || !url.path().starts_with(base_path)
+            || !under_base
             || url.username() != ""
+            || url.password().is_some()
         {
             return Err(refuse());
         }
@@ -835,9 +845,12 @@ fn forge_job(job: wire::Job) -> Option<ForgeJob> {
 
 #[async_trait]
 impl QueueSource for GitHub {
-    /// BRIEF step 2: GitHub has no "list queued jobs" call, so walk the `queued` and the
-    /// `in_progress` runs (a run is in progress while one of its jobs still waits), list each
-    /// run's latest jobs, keep the self-hosted ones, de-duplicate by job id.
+    /// BRIEF step 2: GitHub has no "list queued jobs" call, so walk the runs that can hold a
+    /// queued job, list each run's latest jobs, keep the self-hosted ones, de-duplicate by job
+    /// id. A run is `in_progress` while one of its jobs still waits, and `waiting`,
+    /// `pending` or `requested` while it sits at a gate (an environment's approval, a
+    /// concurrency group) with other jobs already queued. An unchanged listing answers 304,
+    /// which costs no rate limit.
     #[instrument(level = "debug", skip_all, fields(repo = %repo.repo))]
     async fn list_jobs(&self, repo: &RepoConfig) -> Result<RepoJobs, PortError> {
         if !repo.mode.is_github() {
@@ -848,7 +861,7 @@ impl QueueSource for GitHub {
         let mut truncated = false;
         let mut runs = Vec::new();
         let mut run_ids = HashSet::new();
-        for status in ["queued", "in_progress"] {
+        for status in RUN_STATUSES_WITH_QUEUED_JOBS {
             let doing = format!("list {status} runs of {}", repo.repo);
             let first =
                 format!("/repos/{owner}/{name}/actions/runs?status={status}&per_page={PER_PAGE}");

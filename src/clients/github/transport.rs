@@ -17,7 +17,7 @@ use secrecy::{ExposeSecret, SecretString};
 use url::Url;
 
 use crate::clients::http::install_crypto_provider;
-use crate::model::ErrorClass;
+use crate::model::{ErrorClass, RATE_LIMIT_WAIT_MAX_S};
 use crate::observe::PortError;
 
 /// The media type GitHub documents for its REST API.
@@ -288,6 +288,7 @@ pub fn classify(
             if secondary {
                 wait_s = wait_s.max(SECONDARY_LIMIT_WAIT_S);
             }
+            let wait_s = wait_s.min(RATE_LIMIT_WAIT_MAX_S);
             return PortError::new(
                 ErrorClass::RateLimited,
                 format!("{text} (retry in {wait_s}s)"),
@@ -433,6 +434,59 @@ mod tests {
         }
         let e = classify(StatusCode::BAD_GATEWAY, &HeaderMap::new(), "<html>", now());
         assert_eq!(e.message, "502 Bad Gateway");
+    }
+
+    #[test]
+    fn absurd_rate_limit_headers_wait_at_most_an_hour() {
+        let far_future = (now().timestamp() + 10 * 365 * 24 * 3600).to_string();
+        let cases: &[&[(&'static str, &str)]] = &[
+            &[("retry-after", "18446744073709551615")],
+            &[("retry-after", "9223372036854775807")],
+            &[("retry-after", "86400")],
+            &[
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", &far_future),
+            ],
+            &[
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", "18446744073709551615"),
+            ],
+            &[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "0")],
+            &[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "-5")],
+            &[("retry-after", "-5")],
+            &[("retry-after", "soon")],
+            &[("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT")],
+        ];
+        for status in [StatusCode::FORBIDDEN, StatusCode::TOO_MANY_REQUESTS] {
+            for pairs in cases {
+                let e = classify(
+                    status,
+                    &headers(pairs),
+                    r#"{"message":"API rate limit exceeded"}"#,
+                    now(),
+                );
+                let what = format!("{status} {pairs:?}: {e:?}");
+                if e.class == ErrorClass::RateLimited {
+                    let wait_s = e.retry_after_s.expect(&what);
+                    assert!((1..=RATE_LIMIT_WAIT_MAX_S).contains(&wait_s), "{what}");
+                } else {
+                    // Without a usable header a 403 is a permission refusal.
+                    assert_eq!(
+                        (status, e.class),
+                        (StatusCode::FORBIDDEN, ErrorClass::Forbidden),
+                        "{what}"
+                    );
+                }
+            }
+        }
+        let e = classify(
+            StatusCode::TOO_MANY_REQUESTS,
+            &headers(&[("retry-after", "18446744073709551615")]),
+            "{}",
+            now(),
+        );
+        assert_eq!(e.retry_after_s, Some(RATE_LIMIT_WAIT_MAX_S));
+        assert!(e.message.contains("retry in 3600s"), "{}", e.message);
     }
 
     #[test]

@@ -245,6 +245,28 @@ struct RunState {
     attempt: u32,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
+    gate: Option<RunGate>,
+}
+
+/// A gate a run can wait at while some of its jobs are already queued. GitHub then shows the
+/// gate as the run's status instead of `queued` or `in_progress`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunGate {
+    /// A job waits for an environment's approval.
+    Waiting,
+    /// Behind another run of the same concurrency group.
+    Pending,
+    Requested,
+}
+
+impl RunGate {
+    fn as_str(self) -> &'static str {
+        match self {
+            RunGate::Waiting => "waiting",
+            RunGate::Pending => "pending",
+            RunGate::Requested => "requested",
+        }
+    }
 }
 
 struct JobState {
@@ -438,6 +460,7 @@ impl GitHubTwin {
                 attempt: 1,
                 created_at: now,
                 updated_at: now,
+                gate: None,
             },
         );
         for (id, labels) in job_ids.iter().zip(jobs) {
@@ -459,6 +482,15 @@ impl GitHubTwin {
             );
         }
         RunIds { run_id, job_ids }
+    }
+
+    /// Holds a run at `gate` (`None` lifts it): until all its jobs finish, it is listed with
+    /// the gate's status, whatever its jobs do.
+    pub fn hold_run(&self, repo: &RepoName, run_id: u64, gate: Option<RunGate>) {
+        let mut twin = self.lock();
+        if let Some(run) = twin.repo_mut(repo).runs.get_mut(&run_id) {
+            run.gate = gate;
+        }
     }
 
     pub fn job_status(&self, repo: &RepoName, job_id: u64) -> Option<JobView> {
@@ -744,9 +776,15 @@ impl RepoState {
     }
 
     /// A run's status follows its latest attempt's jobs: queued while all are queued,
-    /// completed when all are, in progress in between.
+    /// completed when all are, in progress in between; at its gate while it has one and a
+    /// job is unfinished.
     fn run_status(&self, run: &RunState) -> (&'static str, Option<&'static str>) {
         let jobs: Vec<&JobState> = self.latest_jobs(run).collect();
+        if let Some(gate) = run.gate
+            && !jobs.iter().all(|j| j.status == TwinJobStatus::Completed)
+        {
+            return (gate.as_str(), None);
+        }
         if jobs.iter().all(|j| j.status == TwinJobStatus::Queued) {
             return ("queued", None);
         }
