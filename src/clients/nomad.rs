@@ -278,9 +278,24 @@ fn child_from_stub(parent: &str, stub: JobStubWire) -> Result<Child, String> {
 /// The children of `parent` among one page of stubs.
 fn children_of(parent: &str, stubs: Vec<JobStubWire>) -> Result<Vec<Child>, String> {
     let prefix = dispatch_prefix(parent);
-    stubs
+    let stubs: Vec<JobStubWire> = stubs
         .into_iter()
         .filter(|stub| is_child_of(stub, parent, &prefix))
+        .collect();
+    // Every child of a runner parent carries meta (the parent requires it). A listing in which
+    // none does was answered without `meta=true`: a Nomad older than 1.4.3, or a proxy that
+    // dropped the query. Our children cannot be told from foreign ones then, and reading them
+    // all as foreign would stop counting them against the caps: fail closed instead.
+    if !stubs.is_empty() && stubs.iter().all(|stub| stub.meta.is_none()) {
+        return Err(format!(
+            "{} child(ren) listed without any meta: Nomad 1.4.3 or later is needed for \
+             meta=true (or a proxy dropped the query parameter), so our children cannot be \
+             told from foreign ones",
+            stubs.len()
+        ));
+    }
+    stubs
+        .into_iter()
         .map(|stub| child_from_stub(parent, stub))
         .collect()
 }
@@ -494,10 +509,17 @@ impl ChildSource for NomadClient {
                 .filter(|v| !v.is_empty())
                 .map(str::to_string);
             let stubs: Vec<JobStubWire> = Self::json(&doing, response).await?;
-            children.extend(
-                children_of(parent, stubs)
-                    .map_err(|e| PortError::new(ErrorClass::Malformed, format!("{doing}: {e}")))?,
-            );
+            let missing_meta = !stubs.is_empty() && stubs.iter().all(|s| s.meta.is_none());
+            children.extend(children_of(parent, stubs).map_err(|e| {
+                // A Nomad without `meta=true` stays so: held like a configuration error,
+                // reported once, retried slowly.
+                let class = if missing_meta {
+                    ErrorClass::Configuration
+                } else {
+                    ErrorClass::Malformed
+                };
+                PortError::new(class, format!("{doing}: {e}"))
+            })?);
             if next_token.is_none() {
                 return Ok(children);
             }
@@ -696,6 +718,34 @@ mod tests {
             Some(1645230445788556000)
         );
         assert!(!format!("{children:?}").contains("CANARY"));
+    }
+
+    #[test]
+    fn a_listing_without_any_meta_is_a_gap_not_foreign_children() {
+        // The full-stub fixture re-addressed as children, with `Meta` dropped as a Nomad
+        // older than 1.4.3 (or a proxy stripping `meta=true`) answers.
+        let mut bare = child_stub("ci/dispatch-1-aaaaaaaa", "ci", serde_json::json!({}));
+        bare.as_object_mut().unwrap().remove("Meta");
+        let body = serde_json::json!([bare.clone(), bare]);
+        let problem = children_of("ci", stubs(&body.to_string())).unwrap_err();
+        assert!(problem.contains("1.4.3"), "{problem}");
+
+        // One child with meta among bare ones: the listing did carry meta; the bare one is a
+        // foreign child dispatched by hand.
+        let mut bare = child_stub("ci/dispatch-1-aaaaaaaa", "ci", serde_json::json!({}));
+        bare.as_object_mut().unwrap().remove("Meta");
+        let ours = child_stub(
+            "ci/dispatch-2-bbbbbbbb",
+            "ci",
+            serde_json::json!({"managed_by": "runner-scaler"}),
+        );
+        let children = children_of("ci", stubs(&serde_json::json!([bare, ours]).to_string()))
+            .expect("a listing with meta");
+        assert_eq!(
+            children.iter().map(|c| c.ours).collect::<Vec<_>>(),
+            [false, true]
+        );
+        assert!(children_of("ci", Vec::new()).unwrap().is_empty());
     }
 
     #[test]

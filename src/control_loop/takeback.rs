@@ -121,7 +121,11 @@ impl TakeBackMemory {
                 continue;
             }
             if child.placement == Placement::Finished || self.took_job.contains(*name) {
-                worked.push(bucket);
+                // Each runner ends a streak once: when it is first seen taking a job, or at
+                // its clean exit if that was never seen.
+                if !self.took_job.contains(*name) {
+                    worked.push(bucket);
+                }
                 continue;
             }
             if child.placement != Placement::Failed {
@@ -143,6 +147,7 @@ impl TakeBackMemory {
                 humantime::format_duration(delay)
             );
         }
+        let all_listed = snapshot.parents.values().all(Result::is_ok);
         let mut claimed_now = BTreeSet::new();
         for (repo, listing) in &snapshot.repos {
             let Ok(listing) = listing else {
@@ -166,6 +171,11 @@ impl TakeBackMemory {
                     // Forgejo names no runner: a new claim is taken as one of our placed
                     // runners at work.
                     JobState::Claimed => {
+                        // Without every listing of children the runner that took it may be
+                        // missing: the claim stays new until it can be attributed.
+                        if !all_listed {
+                            continue;
+                        }
                         claimed_now.insert((repo.clone(), job.id));
                         if !self.claims_seen.insert((repo.clone(), job.id)) {
                             continue;
@@ -175,12 +185,17 @@ impl TakeBackMemory {
                         };
                         // Any placed runner of the repo whose labels cover the job's may be
                         // the one that took it: each such bucket's streak ends.
-                        let takers: BTreeSet<&BucketKey> = runners
-                            .values()
-                            .filter(|(_, child)| child.placement.is_placed())
-                            .filter_map(|(b, _)| b.as_ref())
-                            .filter(|b| b.repo == *repo && labels.is_subset(&b.labels))
+                        let candidates: Vec<(&RunnerName, &BucketKey)> = runners
+                            .iter()
+                            .filter(|(_, (_, child))| child.placement.is_placed())
+                            .filter_map(|(name, (b, _))| b.as_ref().map(|b| (*name, b)))
+                            .filter(|(_, b)| b.repo == *repo && labels.is_subset(&b.labels))
                             .collect();
+                        // Their later clean exits say nothing new.
+                        self.took_job
+                            .extend(candidates.iter().map(|(name, _)| (*name).clone()));
+                        let takers: BTreeSet<&BucketKey> =
+                            candidates.into_iter().map(|(_, b)| b).collect();
                         for bucket in takers {
                             if let Some(backoff) = self.crash.remove(bucket) {
                                 info!(bucket = %bucket, failed_starts = backoff.failed_starts, "a runner took a job: crash-loop backoff over");
@@ -191,7 +206,9 @@ impl TakeBackMemory {
                 }
             }
         }
-        self.claims_seen.retain(|claim| claimed_now.contains(claim));
+        if all_listed {
+            self.claims_seen.retain(|claim| claimed_now.contains(claim));
+        }
         for bucket in worked {
             if let Some(backoff) = self.crash.remove(bucket) {
                 info!(bucket = %bucket, failed_starts = backoff.failed_starts, "a runner exited cleanly: crash-loop backoff over");

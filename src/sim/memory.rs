@@ -28,6 +28,8 @@ pub struct MemoryJob {
     pub labels: Vec<String>,
     pub state: JobState,
     pub created_at: DateTime<Utc>,
+    /// Not shown by the forge's API yet (its status lags the truth).
+    pub hidden: bool,
 }
 
 /// A child in the in-memory Nomad.
@@ -59,6 +61,8 @@ struct State {
     deregistered: Vec<u64>,
     /// The runner listing answers with a transient error until switched back.
     runners_down: bool,
+    /// Deletes a registration even while its runner runs a job (GitHub has been seen to).
+    deletes_busy_runners: bool,
 }
 
 /// The shared world; clone it freely.
@@ -95,6 +99,7 @@ impl MemoryWorld {
                 labels: labels.iter().map(|l| l.to_string()).collect(),
                 state: JobState::Queued,
                 created_at,
+                hidden: false,
             },
         );
         id
@@ -137,6 +142,11 @@ impl MemoryWorld {
         self.state.lock().unwrap().deregistered.clone()
     }
 
+    /// Lets the forge delete a busy runner's registration instead of answering 422.
+    pub fn set_deletes_busy_runners(&self, deletes: bool) {
+        self.state.lock().unwrap().deletes_busy_runners = deletes;
+    }
+
     pub fn set_runners_down(&self, down: bool) {
         self.state.lock().unwrap().runners_down = down;
     }
@@ -147,6 +157,26 @@ impl MemoryWorld {
         let runner = s.children[child].child.runner_name.clone();
         let j = s.jobs.get_mut(&job).expect("job exists");
         j.state = JobState::InProgress { runner };
+    }
+
+    /// Hides a job from the forge's API, or shows it again: its status has not caught up.
+    pub fn hide_job(&self, job: u64, hidden: bool) {
+        if let Some(j) = self.state.lock().unwrap().jobs.get_mut(&job) {
+            j.hidden = hidden;
+        }
+    }
+
+    /// The job is cancelled while queued: it leaves the queue.
+    pub fn cancel_job(&self, job: u64) {
+        self.state.lock().unwrap().jobs.remove(&job);
+    }
+
+    /// The runner of `child` dies at boot (a bad image): its allocation failed.
+    pub fn crash(&self, child: &ChildId) {
+        let mut s = self.state.lock().unwrap();
+        let c = s.children.get_mut(child).expect("child exists");
+        c.child.status = ChildStatus::Dead;
+        c.child.placement = Placement::Failed;
     }
 
     /// The job finished: it leaves the queue, and its runner's child dies.
@@ -254,7 +284,7 @@ impl QueueSource for MemoryWorld {
         let jobs = s
             .jobs
             .iter()
-            .filter(|(_, j)| j.repo == repo.repo)
+            .filter(|(_, j)| j.repo == repo.repo && !j.hidden)
             .map(|(id, j)| ForgeJob {
                 id: *id,
                 labels: j.labels.clone(),
@@ -455,7 +485,8 @@ impl RunnerRegistry for MemoryWorld {
         };
         match s.registrations.get(&runner_id) {
             Some((r, registration)) if *r == repo.repo => {
-                if registration.busy || busy_in_truth(&s, &registration.name) {
+                let busy = registration.busy || busy_in_truth(&s, &registration.name);
+                if busy && !s.deletes_busy_runners {
                     return Ok(Deregistration::StillBusy);
                 }
                 s.registrations.remove(&runner_id);

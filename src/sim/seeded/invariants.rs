@@ -237,10 +237,17 @@ fn crash_excuse(sim: &Sim, key: &BucketKey, within_s: u64) -> Option<String> {
         .world
         .crash_streaks
         .get(&(key.repo.clone(), key.labels.clone()))?;
+    let lag = sim.options.status_lag_max_s;
     let ended_recently = streak
         .ended_s
-        .is_some_and(|ended| sim.t <= ended + within_s + sim.options.status_lag_max_s);
-    (streak.failed_starts > 0 || ended_recently).then(|| "crash-loop backoff".into())
+        .is_some_and(|ended| sim.t <= ended + within_s + lag);
+    // Which of a failed start and a runner at work came first inside one poll the daemon
+    // cannot tell; its backoff after the last failed start lasts at most the longest pause.
+    let backoff_max_s = crate::control_loop::CRASH_BACKOFF_MAX.as_secs();
+    let failed_recently =
+        streak.last_failed_s > 0 && sim.t <= streak.last_failed_s + backoff_max_s + within_s + lag;
+    (streak.failed_starts > 0 || ended_recently || failed_recently)
+        .then(|| "crash-loop backoff".into())
 }
 
 /// A slot freed by a stop is used at the next tick: the tick that stopped a child planned
@@ -337,6 +344,9 @@ fn fault_excuse(sim: &Sim, repo: &RepoName, route: &Route) -> Option<String> {
     let hit = |scope: &Scope| faults.failing.contains(scope) || faults.injected_now.contains(scope);
     if hit(&Scope::Queue(repo.clone())) || hit(&Scope::Mint(repo.clone())) {
         return Some("forge fault".into());
+    }
+    if !faults.discovered_once && hit(&Scope::Discover) {
+        return Some("the parents of our children were never found".into());
     }
     if hit(&Scope::Dispatch(route.parent.clone(), repo.clone())) {
         return Some("dispatch fault".into());

@@ -59,6 +59,9 @@ pub struct Faults {
     /// Rate-limit budget holder → the second its budget resets.
     pub exhausted: BTreeMap<String, u64>,
     pub injected_total: u64,
+    /// The daemon found the parents of its children at least once (until then it holds
+    /// every dispatch, and a failing discovery excuses that).
+    pub discovered_once: bool,
 }
 
 /// The world and everything that moves it, shared by the ports and the driver.
@@ -452,6 +455,7 @@ impl ChildSource for NomadPort {
             budget: None,
             what: "list jobs by filter",
         })?;
+        sim.faults.discovered_once = true;
         Ok(NomadPort::parents_with_ours(&sim))
     }
 }
