@@ -131,7 +131,44 @@ pub struct RunnerView {
     pub id: u64,
     pub name: String,
     pub labels: Vec<String>,
+    /// Listed as `status: "online"`: the runner's listener is connected.
+    pub online: bool,
     pub busy: bool,
+}
+
+/// How a registered runner reads in GitHub's listing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunnerPresence {
+    pub online: bool,
+    pub busy: bool,
+}
+
+impl RunnerPresence {
+    /// Connected and waiting for a job.
+    pub const IDLE: RunnerPresence = RunnerPresence {
+        online: true,
+        busy: false,
+    };
+    /// Connected and executing a job: GitHub refuses to delete it (422).
+    pub const BUSY: RunnerPresence = RunnerPresence {
+        online: true,
+        busy: true,
+    };
+    /// Registered, its listener gone (a runner killed with its allocation).
+    pub const OFFLINE: RunnerPresence = RunnerPresence {
+        online: false,
+        busy: false,
+    };
+}
+
+/// A registration `DELETE …/actions/runners/{id}` removed (answered 204).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeletedRunner {
+    pub repo: RepoName,
+    pub id: u64,
+    pub name: String,
+    /// When the twin served the deletion, to order it against what other twins recorded.
+    pub at: std::time::Instant,
 }
 
 /// A recorded `POST /app/installations/{id}/access_tokens`.
@@ -287,6 +324,7 @@ struct RunnerState {
     id: u64,
     name: String,
     labels: Vec<String>,
+    online: bool,
     busy: bool,
 }
 
@@ -319,6 +357,7 @@ struct Twin {
     token_requests: Vec<TokenRequest>,
     issued: Vec<String>,
     log: Vec<LoggedRequest>,
+    deleted_runners: Vec<DeletedRunner>,
 }
 
 /// Shared handle on the twin's state: serve it with [`GitHubTwin::router`] and move the world
@@ -382,6 +421,7 @@ impl GitHubTwin {
                 token_requests: Vec::new(),
                 issued: Vec::new(),
                 log: Vec::new(),
+                deleted_runners: Vec::new(),
             })),
         })
     }
@@ -616,8 +656,20 @@ impl GitHubTwin {
         Ok(ids)
     }
 
-    /// Registers a runner (what `config.sh` does); returns its id.
+    /// Registers a runner (what `config.sh` does) that connects and waits for a job; returns
+    /// its id.
     pub fn register_runner<L: AsRef<str>>(&self, repo: &RepoName, name: &str, labels: &[L]) -> u64 {
+        self.register_runner_as(repo, name, labels, RunnerPresence::IDLE)
+    }
+
+    /// Registers a runner that reads as `presence` says; returns its id.
+    pub fn register_runner_as<L: AsRef<str>>(
+        &self,
+        repo: &RepoName,
+        name: &str,
+        labels: &[L],
+        presence: RunnerPresence,
+    ) -> u64 {
         let mut twin = self.lock();
         let id = twin.id();
         twin.repo_mut(repo).runners.insert(
@@ -626,10 +678,103 @@ impl GitHubTwin {
                 id,
                 name: name.to_string(),
                 labels: labels.iter().map(|l| l.as_ref().to_string()).collect(),
-                busy: false,
+                online: presence.online,
+                busy: presence.busy,
             },
         );
         id
+    }
+
+    /// Sets the `busy` flag of the runner named `name` (GitHub's flag lags the job it runs);
+    /// false when no such runner is registered.
+    pub fn set_runner_busy(&self, repo: &RepoName, name: &str, busy: bool) -> bool {
+        self.with_runner(repo, name, |runner| runner.busy = busy)
+    }
+
+    /// Connects or disconnects the runner named `name`; false when no such runner is registered.
+    pub fn set_runner_online(&self, repo: &RepoName, name: &str, online: bool) -> bool {
+        self.with_runner(repo, name, |runner| runner.online = online)
+    }
+
+    fn with_runner(
+        &self,
+        repo: &RepoName,
+        name: &str,
+        change: impl FnOnce(&mut RunnerState),
+    ) -> bool {
+        let mut twin = self.lock();
+        let runner = twin
+            .repos
+            .get_mut(repo)
+            .and_then(|state| state.runners.values_mut().find(|r| r.name == name));
+        match runner {
+            Some(runner) => {
+                change(runner);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A run with one job already taken by `runner_name` (GitHub assigned it to the runner
+    /// before anyone could list it queued), all under one lock so no listing sees it queued.
+    /// The runner, if registered, reads busy. Returns the ids.
+    pub fn add_run_in_progress<L: AsRef<str>>(
+        &self,
+        repo: &RepoName,
+        labels: Vec<L>,
+        runner_name: &str,
+    ) -> RunIds {
+        let mut twin = self.lock();
+        let now = twin.now();
+        let run_id = twin.id();
+        let job_id = twin.id();
+        let state = twin.repo_mut(repo);
+        state.runs_created += 1;
+        state.runs.insert(
+            run_id,
+            RunState {
+                id: run_id,
+                run_number: state.runs_created,
+                attempt: 1,
+                created_at: now,
+                updated_at: now,
+                gate: None,
+            },
+        );
+        let runner_id = state
+            .runners
+            .values_mut()
+            .find(|r| r.name == runner_name)
+            .map(|r| {
+                r.busy = true;
+                r.id
+            });
+        state.jobs.insert(
+            job_id,
+            JobState {
+                id: job_id,
+                run_id,
+                attempt: 1,
+                labels: labels.iter().map(|l| l.as_ref().to_string()).collect(),
+                status: TwinJobStatus::InProgress,
+                conclusion: None,
+                created_at: now,
+                started_at: Some(now),
+                completed_at: None,
+                runner_id,
+                runner_name: Some(runner_name.to_string()),
+            },
+        );
+        RunIds {
+            run_id,
+            job_ids: vec![job_id],
+        }
+    }
+
+    /// Every registration the API deleted (204), in order.
+    pub fn deleted_runners(&self) -> Vec<DeletedRunner> {
+        self.lock().deleted_runners.clone()
     }
 
     /// Removes a runner registration by name (an ephemeral runner leaving); true if it existed.
@@ -655,6 +800,7 @@ impl GitHubTwin {
                         id: r.id,
                         name: r.name.clone(),
                         labels: r.labels.clone(),
+                        online: r.online,
                         busy: r.busy,
                     })
                     .collect()
@@ -1677,7 +1823,14 @@ impl Twin {
                         endpoint.docs(),
                     );
                 }
+                let name = runner.name.clone();
                 self.repo_mut(repo).runners.remove(&id);
+                self.deleted_runners.push(DeletedRunner {
+                    repo: repo.clone(),
+                    id,
+                    name,
+                    at: std::time::Instant::now(),
+                });
                 Reply {
                     status: StatusCode::NO_CONTENT,
                     headers: Vec::new(),
@@ -1766,7 +1919,7 @@ fn runner_json(runner: &RunnerState) -> Value {
     value["id"] = json!(runner.id);
     value["name"] = json!(runner.name);
     value["os"] = json!("linux");
-    value["status"] = json!("online");
+    value["status"] = json!(if runner.online { "online" } else { "offline" });
     value["busy"] = json!(runner.busy);
     value["ephemeral"] = json!(true);
     let labels: Vec<Value> = runner

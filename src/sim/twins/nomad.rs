@@ -1,18 +1,25 @@
-//! Twin of the Nomad HTTP API, for the endpoints the daemon uses: dispatch, list jobs, read
-//! job, deregister/purge.
+//! Twin of the Nomad HTTP API, for the endpoints the daemon uses: dispatch, list jobs (with
+//! a `filter`), read job, list a job's allocations, stop, purge.
 //!
 //! Fidelity follows Nomad's own source (`nomad/job_endpoint.go`, `command/agent/*.go`) and the
 //! fixtures in `tests/fixtures/nomad/`: errors are `text/plain`, dispatch validation failures
 //! are HTTP 500 with Nomad's exact messages, an idempotency token returns the existing child
 //! without an evaluation, stubs carry `Meta` only with `meta=true` and only when the job has
-//! meta, and deregistering an unknown job is a 200 with zero-valued fields.
+//! meta, a job's allocations are `[]` (never 404) for an unknown job, stopping a job
+//! (`DELETE` without `purge`) keeps it listed as `dead` with its allocation told to stop, and
+//! deregistering an unknown job is a 200 with zero-valued fields.
 //!
 //! A [`NomadTwin`] is a cheap handle to shared state: tests and the simulated world keep one
 //! to register parents, move children through their life (placed, finished, failed
-//! placement), take the cluster down, and count the requests the daemon made.
+//! placement), take the cluster down, and count the requests the daemon made; every stop and
+//! purge is recorded ([`NomadTwin::deregistrations`]) so a test can ask what was torn down
+//! and when.
+
+mod filter;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::time::Instant;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -28,6 +35,7 @@ use serde_json::{Value, json};
 
 use crate::observe::ChildStatus;
 use crate::sim::twins::TwinServer;
+use filter::Filter;
 
 /// Nomad's default namespace, used when a request names none.
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -79,6 +87,69 @@ pub struct GroupSummary {
     pub unknown: u64,
 }
 
+/// An allocation's `ClientStatus`: what the client node reports of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllocClientStatus {
+    /// Placed on a node, its tasks not started yet.
+    Pending,
+    Running,
+    Complete,
+    Failed,
+    Lost,
+    /// On a client that disconnected: it may still run.
+    Unknown,
+}
+
+impl AllocClientStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AllocClientStatus::Pending => "pending",
+            AllocClientStatus::Running => "running",
+            AllocClientStatus::Complete => "complete",
+            AllocClientStatus::Failed => "failed",
+            AllocClientStatus::Lost => "lost",
+            AllocClientStatus::Unknown => "unknown",
+        }
+    }
+
+    /// Nomad's `ClientTerminalStatus`: complete, failed or lost.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            AllocClientStatus::Complete | AllocClientStatus::Failed | AllocClientStatus::Lost
+        )
+    }
+}
+
+/// The one allocation of a placed child (runner parents have one task group, count 1, and
+/// neither restart nor reschedule, so a child never has a second one).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TwinAllocation {
+    pub id: String,
+    pub eval_id: String,
+    pub node_id: String,
+    pub client_status: AllocClientStatus,
+    /// `run`, or `stop` once the job was stopped.
+    pub desired_status: &'static str,
+    pub create_index: u64,
+    pub modify_index: u64,
+    /// Nanoseconds since the Unix epoch.
+    pub create_time_ns: i64,
+    pub modify_time_ns: i64,
+}
+
+/// One `DELETE /v1/job/{id}` the twin served: a stop, or a purge with `purge=true`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Deregistration {
+    pub namespace: String,
+    pub job_id: String,
+    pub purge: bool,
+    /// False when no such job existed (Nomad still answers 200).
+    pub existed: bool,
+    /// When the twin served it, to order it against what other twins recorded.
+    pub at: Instant,
+}
+
 /// One job in the twin: a registered parent (or plain job) or a dispatched child.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TwinJob {
@@ -96,6 +167,8 @@ pub struct TwinJob {
     pub dispatch_idempotency_token: String,
     pub payload: Vec<u8>,
     pub summary: GroupSummary,
+    /// The child's allocation once placed; `None` before (or when nothing could be placed).
+    pub allocation: Option<TwinAllocation>,
     /// Nanoseconds since the Unix epoch.
     pub submit_time_ns: i64,
     pub create_index: u64,
@@ -166,6 +239,14 @@ impl IntoResponse for TwinRefusal {
     }
 }
 
+/// What a child's transition does to its allocation.
+enum AllocationMove {
+    /// None placed, or the evaluation failed: no allocation.
+    Remove,
+    /// Placed (created when absent) with this client status.
+    Set(AllocClientStatus),
+}
+
 /// A dispatch as the API receives it.
 #[derive(Clone, Debug, Default)]
 pub struct DispatchInput {
@@ -184,6 +265,7 @@ struct TwinState {
     /// Keyed by (namespace, id).
     jobs: BTreeMap<(String, String), TwinJob>,
     requests: Vec<RecordedRequest>,
+    deregistrations: Vec<Deregistration>,
     rng: StdRng,
 }
 
@@ -210,14 +292,24 @@ impl TwinState {
         self.jobs.values_mut().find(|job| job.id == id)
     }
 
-    /// Moves a child to `status` with `summary`, bumping its indexes.
+    /// Moves a child to `status` with `summary` and its allocation as `allocation` says,
+    /// bumping its indexes.
     fn transition(
         &mut self,
         child: &str,
         status: ChildStatus,
         summary: GroupSummary,
+        allocation: AllocationMove,
     ) -> Result<(), String> {
         let index = self.bump();
+        let now_ns = self.clock_unix_s.saturating_mul(1_000_000_000);
+        // Ids are drawn (before the job is borrowed) only for a new allocation, so the ids
+        // of later dispatches stay what they were before allocations existed.
+        let placing = matches!(allocation, AllocationMove::Set(_))
+            && self
+                .find_mut(child)
+                .is_some_and(|job| job.allocation.is_none());
+        let new_ids = placing.then(|| (self.uuid(), self.uuid(), self.uuid()));
         let job = self
             .find_mut(child)
             .filter(|job| job.dispatched)
@@ -225,7 +317,64 @@ impl TwinState {
         job.status = status;
         job.summary = summary;
         job.modify_index = index;
+        match allocation {
+            AllocationMove::Remove => job.allocation = None,
+            AllocationMove::Set(client_status) => {
+                if let Some((id, eval_id, node_id)) = new_ids {
+                    job.allocation = Some(TwinAllocation {
+                        id,
+                        eval_id,
+                        node_id,
+                        client_status,
+                        desired_status: "run",
+                        create_index: index,
+                        modify_index: index,
+                        create_time_ns: now_ns,
+                        modify_time_ns: now_ns,
+                    });
+                }
+                if let Some(allocation) = &mut job.allocation {
+                    allocation.client_status = client_status;
+                    allocation.modify_index = index;
+                    allocation.modify_time_ns = now_ns;
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// `DELETE /v1/job/{id}` without `purge` on a known job: Nomad sets `Stop`, the scheduler
+    /// tells the allocation to stop (`DesiredStatus: stop`) and the client ends it
+    /// (`complete`); with nothing left to run, the job is `dead`. The twin does all of it at
+    /// once. An allocation that had already ended keeps its client status.
+    fn stop_job(&mut self, key: &(String, String), index: u64) {
+        let now_ns = self.clock_unix_s.saturating_mul(1_000_000_000);
+        let Some(job) = self.jobs.get_mut(key) else {
+            return;
+        };
+        job.stop = true;
+        job.status = ChildStatus::Dead;
+        job.modify_index = index;
+        job.job_modify_index = index;
+        if !job.dispatched {
+            return;
+        }
+        match &mut job.allocation {
+            Some(allocation) => {
+                if !allocation.client_status.is_terminal() {
+                    allocation.client_status = AllocClientStatus::Complete;
+                    job.summary = GroupSummary {
+                        complete: 1,
+                        ..GroupSummary::default()
+                    };
+                }
+                allocation.desired_status = "stop";
+                allocation.modify_index = index;
+                allocation.modify_time_ns = now_ns;
+            }
+            // Nothing was placed: the queued placement is dropped with the job.
+            None => job.summary = GroupSummary::default(),
+        }
     }
 
     fn dispatch(
@@ -344,6 +493,7 @@ impl TwinState {
                 queued: 1,
                 ..GroupSummary::default()
             },
+            allocation: None,
             submit_time_ns: self.clock_unix_s.saturating_mul(1_000_000_000),
             create_index: job_create_index,
             modify_index: job_create_index,
@@ -394,6 +544,7 @@ impl NomadTwin {
                 index: 10,
                 jobs: BTreeMap::new(),
                 requests: Vec::new(),
+                deregistrations: Vec::new(),
                 rng: StdRng::seed_from_u64(seed),
             })),
         }
@@ -480,6 +631,7 @@ impl NomadTwin {
             dispatch_idempotency_token: String::new(),
             payload: Vec::new(),
             summary: GroupSummary::default(),
+            allocation: None,
             submit_time_ns: 0,
             create_index: 0,
             modify_index: 0,
@@ -504,6 +656,7 @@ impl NomadTwin {
                 queued: 1,
                 ..GroupSummary::default()
             },
+            allocation: None,
             submit_time_ns: 0,
             create_index: 0,
             modify_index: 0,
@@ -577,29 +730,75 @@ impl NomadTwin {
                 running: 1,
                 ..GroupSummary::default()
             },
+            AllocationMove::Set(AllocClientStatus::Running),
         )
     }
 
-    /// The allocation ended, successfully or not: `dead`, one allocation complete or failed.
+    /// The allocation was placed on a node and its task is starting: its client status is
+    /// `pending`. A job with an allocation not yet terminal is `running` in Nomad
+    /// (`getJobStatus`), and the summary counts the allocation as starting.
+    pub fn place_starting(&self, child: &str) -> Result<(), String> {
+        self.lock().transition(
+            child,
+            ChildStatus::Running,
+            GroupSummary {
+                starting: 1,
+                ..GroupSummary::default()
+            },
+            AllocationMove::Set(AllocClientStatus::Pending),
+        )
+    }
+
+    /// The node running the allocation disconnected: client status `unknown`, the job still
+    /// `running` (the allocation may still run a runner).
+    pub fn disconnect(&self, child: &str) -> Result<(), String> {
+        self.lock().transition(
+            child,
+            ChildStatus::Running,
+            GroupSummary {
+                unknown: 1,
+                ..GroupSummary::default()
+            },
+            AllocationMove::Set(AllocClientStatus::Unknown),
+        )
+    }
+
+    /// The allocation ended, successfully or not (`ok: false` is a runner that failed, e.g.
+    /// at boot): `dead`, one allocation complete or failed.
     pub fn finish(&self, child: &str, ok: bool) -> Result<(), String> {
-        let summary = if ok {
-            GroupSummary {
-                complete: 1,
-                ..GroupSummary::default()
-            }
+        let (summary, client_status) = if ok {
+            (
+                GroupSummary {
+                    complete: 1,
+                    ..GroupSummary::default()
+                },
+                AllocClientStatus::Complete,
+            )
         } else {
-            GroupSummary {
-                failed: 1,
-                ..GroupSummary::default()
-            }
+            (
+                GroupSummary {
+                    failed: 1,
+                    ..GroupSummary::default()
+                },
+                AllocClientStatus::Failed,
+            )
         };
-        self.lock().transition(child, ChildStatus::Dead, summary)
+        self.lock().transition(
+            child,
+            ChildStatus::Dead,
+            summary,
+            AllocationMove::Set(client_status),
+        )
     }
 
     /// The evaluation failed without placing anything: `dead` with no allocation at all.
     pub fn fail_evaluation(&self, child: &str) -> Result<(), String> {
-        self.lock()
-            .transition(child, ChildStatus::Dead, GroupSummary::default())
+        self.lock().transition(
+            child,
+            ChildStatus::Dead,
+            GroupSummary::default(),
+            AllocationMove::Remove,
+        )
     }
 
     /// Back to `pending` with the allocation queued (the state right after dispatch).
@@ -611,7 +810,37 @@ impl NomadTwin {
                 queued: 1,
                 ..GroupSummary::default()
             },
+            AllocationMove::Remove,
         )
+    }
+
+    // ---- what was torn down ----
+
+    /// Every `DELETE /v1/job/{id}` served, stops and purges, in order.
+    pub fn deregistrations(&self) -> Vec<Deregistration> {
+        self.lock().deregistrations.clone()
+    }
+
+    /// When the job `id` (in any namespace) was first stopped without purging, if ever.
+    pub fn stopped_at(&self, id: &str) -> Option<Instant> {
+        self.lock()
+            .deregistrations
+            .iter()
+            .find(|d| d.job_id == id && d.existed && !d.purge)
+            .map(|d| d.at)
+    }
+
+    /// Whether the job `id` was stopped without purging.
+    pub fn was_stopped(&self, id: &str) -> bool {
+        self.stopped_at(id).is_some()
+    }
+
+    /// Whether the job `id` was purged (`purge=true`) while it existed.
+    pub fn was_purged(&self, id: &str) -> bool {
+        self.lock()
+            .deregistrations
+            .iter()
+            .any(|d| d.job_id == id && d.existed && d.purge)
     }
 
     // ---- the request log ----
@@ -784,6 +1013,100 @@ fn stub_json(job: &TwinJob, all: &BTreeMap<(String, String), TwinJob>, with_meta
     stub
 }
 
+/// An allocation stub of Nomad's docs: the current full stub of "List Allocations", with the
+/// keys only the older "List Job Allocations" example shows (`PreviousAllocation`,
+/// `NextAllocation`) added, so the twin answers with every field either fixture has.
+static ALLOCATION_STUB_TEMPLATE: LazyLock<Value> = LazyLock::new(|| {
+    let parse = |text: &str| -> Value {
+        let mut list: Vec<Value> = serde_json::from_str(text).expect("fixture is a JSON array");
+        list.remove(0)
+    };
+    let mut stub = parse(include_str!(
+        "../../../tests/fixtures/nomad/list-allocations.response.json"
+    ));
+    let older = parse(include_str!(
+        "../../../tests/fixtures/nomad/list-job-allocations.response.json"
+    ));
+    if let (Value::Object(stub), Value::Object(older)) = (&mut stub, older) {
+        for (key, value) in older {
+            stub.entry(key).or_insert(value);
+        }
+    }
+    stub
+});
+
+fn rfc3339_of_ns(ns: i64) -> String {
+    chrono::DateTime::<chrono::Utc>::from_timestamp_nanos(ns)
+        .to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)
+}
+
+/// The `AllocListStub` of `job`'s allocation, as `GET /v1/job/{id}/allocations` returns it.
+fn allocation_stub_json(job: &TwinJob, allocation: &TwinAllocation) -> Value {
+    let template = &*ALLOCATION_STUB_TEMPLATE;
+    let mut stub = template.clone();
+    let status = allocation.client_status;
+    let (task_state, client_description) = match status {
+        AllocClientStatus::Pending => ("pending", "No tasks have started"),
+        AllocClientStatus::Running | AllocClientStatus::Unknown => ("running", "Tasks are running"),
+        AllocClientStatus::Complete => ("dead", "All tasks have completed"),
+        AllocClientStatus::Failed => ("dead", "Failed tasks"),
+        AllocClientStatus::Lost => ("dead", "alloc is lost since its node is down"),
+    };
+    let created = rfc3339_of_ns(allocation.create_time_ns);
+    let finished = status
+        .is_terminal()
+        .then(|| rfc3339_of_ns(allocation.modify_time_ns));
+    // One task named like the group, with the fixture's first event ("Received") at creation.
+    let mut task = template["TaskStates"]
+        .as_object()
+        .and_then(|tasks| tasks.values().next())
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    task["State"] = json!(task_state);
+    task["Failed"] = json!(status == AllocClientStatus::Failed);
+    task["StartedAt"] = if status == AllocClientStatus::Pending {
+        Value::Null
+    } else {
+        json!(created)
+    };
+    task["FinishedAt"] = json!(finished);
+    let mut received = task["Events"][0].clone();
+    received["Time"] = json!(allocation.create_time_ns);
+    task["Events"] = json!([received]);
+    stub["ID"] = json!(allocation.id);
+    stub["EvalID"] = json!(allocation.eval_id);
+    stub["Name"] = json!(format!("{}.{TASK_GROUP}[0]", job.id));
+    stub["Namespace"] = json!(job.namespace);
+    stub["NodeID"] = json!(allocation.node_id);
+    stub["NodeName"] = json!("twin-node");
+    stub["JobID"] = json!(job.id);
+    stub["JobType"] = json!("batch");
+    stub["JobVersion"] = json!(0);
+    stub["TaskGroup"] = json!(TASK_GROUP);
+    stub["DesiredStatus"] = json!(allocation.desired_status);
+    stub["DesiredDescription"] = json!(if allocation.desired_status == "stop" {
+        "alloc not needed due to job update"
+    } else {
+        ""
+    });
+    stub["ClientStatus"] = json!(status.as_str());
+    stub["ClientDescription"] = json!(client_description);
+    stub["TaskStates"] = json!({ TASK_GROUP: task });
+    // A batch job has no deployment; runner parents neither restart nor reschedule.
+    stub["DeploymentStatus"] = Value::Null;
+    stub["RescheduleTracker"] = Value::Null;
+    stub["PreviousAllocation"] = json!("");
+    stub["NextAllocation"] = json!("");
+    stub["FollowupEvalID"] = json!("");
+    stub["PreemptedAllocations"] = Value::Null;
+    stub["PreemptedByAllocation"] = json!("");
+    stub["CreateIndex"] = json!(allocation.create_index);
+    stub["ModifyIndex"] = json!(allocation.modify_index);
+    stub["CreateTime"] = json!(allocation.create_time_ns);
+    stub["ModifyTime"] = json!(allocation.modify_time_ns);
+    stub
+}
+
 /// The full job, as `GET /v1/job/{id}` returns it (secrets in meta included, as in Nomad).
 fn job_json(job: &TwinJob) -> Value {
     let parameterized = job.parameterized.as_ref().map(|spec| {
@@ -848,7 +1171,8 @@ fn job_json(job: &TwinJob) -> Value {
     })
 }
 
-/// `GET /v1/jobs`: `prefix`, `namespace` (`*` for all), `meta`, `per_page`, `next_token`.
+/// `GET /v1/jobs`: `prefix`, `namespace` (`*` for all), `meta`, `filter` (the subset of
+/// go-bexpr in [`filter`]), `per_page`, `next_token`.
 async fn list_jobs(State(twin): State<NomadTwin>, request: Request) -> Response {
     let pairs = query_pairs(request.uri().query());
     let namespace = namespace_of(&pairs);
@@ -873,17 +1197,45 @@ async fn list_jobs(State(twin): State<NomadTwin>, request: Request) -> Response 
         }
     };
     let next_token = param(&pairs, "next_token").unwrap_or("");
+    // Nomad builds the evaluator before reading anything: a bad expression is a 400.
+    let filter = match param(&pairs, "filter").filter(|f| !f.is_empty()) {
+        None => None,
+        Some(expression) => match Filter::parse(expression) {
+            Ok(filter) => Some(filter),
+            Err(reason) => {
+                return text_response(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "failed to create result paginator: failed to read filter expression: {reason}"
+                    ),
+                );
+            }
+        },
+    };
 
     let state = twin.lock();
-    // Nomad iterates its job table in (namespace, id) order; the page token is the id of the
-    // first job of the next page.
-    let matching: Vec<&TwinJob> = state
+    // Nomad iterates its job table in (namespace, id) order and filters before paging (on the
+    // full job, not the stub: `Meta` is there without `meta=true`); the page token is the id
+    // of the first matching job of the next page.
+    let mut matching: Vec<&TwinJob> = Vec::new();
+    for job in state
         .jobs
         .values()
         .filter(|job| namespace == "*" || job.namespace == namespace)
         .filter(|job| job.id.starts_with(prefix))
         .filter(|job| next_token.is_empty() || job.id.as_str() >= next_token)
-        .collect();
+    {
+        match filter.as_ref().map_or(Ok(true), |f| f.matches(job)) {
+            Ok(true) => matching.push(job),
+            Ok(false) => {}
+            Err(error) => {
+                return text_response(
+                    StatusCode::BAD_REQUEST,
+                    format!("failed to read result page: {error}"),
+                );
+            }
+        }
+    }
     let (page, next) = match per_page {
         Some(n) if matching.len() > n => (&matching[..n], Some(matching[n].id.clone())),
         _ => (&matching[..], None),
@@ -919,6 +1271,12 @@ async fn job_path(
     if let Some(parent) = rest.strip_suffix("/dispatch") {
         return match method {
             Method::POST | Method::PUT => dispatch_endpoint(&twin, parent, &pairs, &body),
+            _ => text_response(StatusCode::METHOD_NOT_ALLOWED, "Invalid method"),
+        };
+    }
+    if let Some(job) = rest.strip_suffix("/allocations") {
+        return match method {
+            Method::GET => job_allocations(&twin, job, &pairs),
             _ => text_response(StatusCode::METHOD_NOT_ALLOWED, "Invalid method"),
         };
     }
@@ -1008,6 +1366,24 @@ fn read_job(twin: &NomadTwin, id: &str, pairs: &[(String, String)]) -> Response 
     }
 }
 
+/// `GET /v1/job/{id}/allocations`: the job's allocation stubs; `[]` for an unknown job or
+/// one never placed (Nomad answers no 404 here).
+fn job_allocations(twin: &NomadTwin, id: &str, pairs: &[(String, String)]) -> Response {
+    let namespace = namespace_of(pairs);
+    let state = twin.lock();
+    let stubs: Vec<Value> = state
+        .jobs
+        .get(&(namespace, id.to_string()))
+        .and_then(|job| {
+            job.allocation
+                .as_ref()
+                .map(|a| allocation_stub_json(job, a))
+        })
+        .into_iter()
+        .collect();
+    json_response(query_meta_headers(state.index), Value::Array(stubs))
+}
+
 fn deregister_job(twin: &NomadTwin, id: &str, pairs: &[(String, String)]) -> Response {
     let namespace = namespace_of(pairs);
     let purge = match param(pairs, "purge") {
@@ -1026,18 +1402,26 @@ fn deregister_job(twin: &NomadTwin, id: &str, pairs: &[(String, String)]) -> Res
     };
     let mut state = twin.lock();
     let key = (namespace, id.to_string());
-    let Some(job) = state.jobs.get(&key).cloned() else {
+    let existing = state.jobs.get(&key).cloned();
+    state.deregistrations.push(Deregistration {
+        namespace: key.0.clone(),
+        job_id: key.1.clone(),
+        purge,
+        existed: existing.is_some(),
+        at: Instant::now(),
+    });
+    let Some(job) = existing else {
         // Deregistering an unknown job succeeds with zero-valued fields.
         return json_response(HeaderMap::new(), deregister_reply_json("", 0, 0, 0));
     };
     let index = state.bump();
     if purge {
+        // The twin drops the job's allocation with it; Nomad keeps terminal allocations until
+        // garbage collection, but lists a purged job's allocations under no job the daemon
+        // asks about again.
         state.jobs.remove(&key);
-    } else if let Some(job) = state.jobs.get_mut(&key) {
-        job.stop = true;
-        job.status = ChildStatus::Dead;
-        job.modify_index = index;
-        job.job_modify_index = index;
+    } else {
+        state.stop_job(&key, index);
     }
     // No evaluation for a parameterized (or periodic) parent; one for anything else.
     let (eval_id, eval_index) = if job.is_parameterized() {

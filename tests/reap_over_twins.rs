@@ -1,0 +1,358 @@
+//! Taking a runner back, end to end: `runner-scaler run` as its own process against the
+//! twins, in `app` mode, on real time. A queued job makes the daemon dispatch a child; the
+//! child is placed and its runner registers; then the job is cancelled, and the runner is
+//! surplus. An idle runner must lose its registration first and its child second; a runner
+//! that any signal says is at work must keep both.
+//!
+//! Timing: `--poll-interval 1s --orphan-grace 1s --idle-confirm 2s`, so an idle runner is
+//! confirmed idle two or three ticks after the cancellation. Every wait polls the twins'
+//! state against a deadline; nothing sleeps to synchronise.
+
+mod support;
+
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use runner_scaler::model::RepoName;
+use runner_scaler::sim::twins::github::{RunnerPresence, TEST_APP_PRIVATE_KEY_PEM};
+use runner_scaler::sim::twins::nomad::TwinJob;
+use support::twins::{CONFIG_KEY, CONSUL_TOKEN, NOMAD_TOKEN, TempFile, Twins, VAULT_TOKEN};
+
+const BIN: &str = env!("CARGO_BIN_EXE_runner-scaler");
+const PARENT: &str = "ci-runner";
+const REPO: &str = "acme/api";
+const LABELS: &[&str] = &["self-hosted"];
+/// How often the tests look at the twins.
+const POLL: Duration = Duration::from_millis(100);
+/// From cancellation to the registration deleted and the child stopped: the daemon needs a
+/// tick past the grace window, two seconds of idle readings and one more tick (about four
+/// seconds); ten leave room for a loaded machine.
+const TAKE_BACK_DEADLINE: Duration = Duration::from_secs(10);
+/// How long a busy runner is watched: three times the idle confirmation, so an idle misread
+/// would have been acted on twice over.
+const VETO_WINDOW: Duration = Duration::from_secs(6);
+/// Ticks the daemon must have run inside the veto window, so the window is not just quiet
+/// because the daemon was slow to start or stuck.
+const VETO_TICKS_MIN: usize = 4;
+
+/// `runner-scaler run` against the twins, killed on drop; its stderr is collected as it goes
+/// so the pipe never fills.
+struct Daemon {
+    process: Child,
+    stderr: Arc<Mutex<String>>,
+    reader: Option<JoinHandle<()>>,
+}
+
+impl Daemon {
+    fn start(twins: &Twins, key_file: &TempFile) -> Daemon {
+        let mut command = Command::new(BIN);
+        command
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            // The daemon's own debug lines too: more text that must not hold a token.
+            .env("RUST_LOG", "info,runner_scaler=debug")
+            .args([
+                "run",
+                "--poll-interval",
+                "1s",
+                "--orphan-grace",
+                "1s",
+                "--idle-confirm",
+                "2s",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (key, value) in twins.daemon_env(key_file.path()) {
+            command.env(key, value);
+        }
+        let mut process = command.spawn().expect("start runner-scaler");
+        let mut pipe = process.stderr.take().expect("stderr is piped");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let reader = std::thread::spawn({
+            let stderr = stderr.clone();
+            move || {
+                let mut buffer = [0u8; 4096];
+                while let Ok(n) = pipe.read(&mut buffer) {
+                    if n == 0 {
+                        break;
+                    }
+                    stderr
+                        .lock()
+                        .unwrap()
+                        .push_str(&String::from_utf8_lossy(&buffer[..n]));
+                }
+            }
+        });
+        Daemon {
+            process,
+            stderr,
+            reader: Some(reader),
+        }
+    }
+
+    /// Kills the daemon and returns everything it wrote to stderr.
+    fn stop(mut self) -> String {
+        self.kill();
+        self.stderr.lock().unwrap().clone()
+    }
+
+    fn kill(&mut self) {
+        // Only this test's own child, by its handle.
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Polls `done` every [`POLL`] until it holds or `deadline` passes; the last value.
+async fn wait_until<T>(deadline: Duration, mut done: impl FnMut() -> Option<T>) -> Option<T> {
+    let until = Instant::now() + deadline;
+    loop {
+        if let Some(value) = done() {
+            return Some(value);
+        }
+        if Instant::now() >= until {
+            return None;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// One app repo, its parent, the document in Consul, and one queued job.
+fn provision(twins: &Twins) -> (RepoName, u64) {
+    let repo = twins.add_app_repo(REPO);
+    twins.register_token_parent(PARENT);
+    twins.consul.set(
+        CONFIG_KEY,
+        format!(r#"{{ "{REPO}": {{ "mode": "app", "maxConcurrent": 3 }} }}"#),
+    );
+    let run = twins.github.add_run(&repo, vec![LABELS.to_vec()]);
+    (repo, run.job_ids[0])
+}
+
+/// Waits for the daemon's one child and returns it with its runner's name.
+async fn dispatched_child(twins: &Twins, daemon: &Daemon) -> (TwinJob, String) {
+    let child = wait_until(TAKE_BACK_DEADLINE, || {
+        let children = twins.our_children(PARENT);
+        (!children.is_empty()).then(|| children[0].clone())
+    })
+    .await
+    .unwrap_or_else(|| panic!("no child dispatched; daemon stderr:\n{}", daemon.stderr()));
+    let runner = child
+        .meta
+        .get("runner_name")
+        .cloned()
+        .expect("the daemon names its runner in meta");
+    (child, runner)
+}
+
+/// The secrets the daemon holds or was handed, none of which may reach its stderr.
+fn secrets(twins: &Twins, child: &TwinJob) -> Vec<String> {
+    let mut secrets: Vec<String> = [NOMAD_TOKEN, CONSUL_TOKEN, VAULT_TOKEN]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    // Installation tokens and registration tokens the GitHub twin issued.
+    secrets.extend(twins.github.issued_secrets());
+    secrets.extend(child.meta.get("runner_token").cloned());
+    secrets.push(
+        TEST_APP_PRIVATE_KEY_PEM
+            .lines()
+            .nth(1)
+            .expect("a PEM body")
+            .to_string(),
+    );
+    secrets
+}
+
+fn assert_no_secret_in(stderr: &str, secrets: &[String]) {
+    assert!(!stderr.is_empty(), "the daemon logged nothing");
+    for secret in secrets {
+        assert!(!secret.is_empty());
+        assert!(
+            !stderr.contains(secret.as_str()),
+            "a secret ({}…) reached the daemon's stderr",
+            &secret[..4.min(secret.len())]
+        );
+    }
+}
+
+/// Ticks the daemon has started so far, counted by its listing of the parent's children.
+fn listings_of_children(twins: &Twins) -> usize {
+    let prefix = format!("{PARENT}/dispatch-");
+    twins
+        .nomad
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/v1/jobs" && r.query_param("prefix").as_deref() == Some(&prefix))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_surplus_runner_loses_its_registration_before_its_child_is_stopped() {
+    let twins = Twins::start().await;
+    let (repo, job) = provision(&twins);
+    let key_file = TempFile::with_contents("app-key.pem", TEST_APP_PRIVATE_KEY_PEM);
+    let daemon = Daemon::start(&twins, &key_file);
+
+    let (child, runner) = dispatched_child(&twins, &daemon).await;
+    // Registered before placed, so no tick sees a placed child without a registration.
+    let runner_id = twins
+        .github
+        .register_runner_as(&repo, &runner, LABELS, RunnerPresence::IDLE);
+    twins.nomad.place(&child.id).unwrap();
+    twins.github.cancel_job(&repo, job).unwrap();
+
+    let taken_back = wait_until(TAKE_BACK_DEADLINE, || {
+        let deleted = twins
+            .github
+            .deleted_runners()
+            .into_iter()
+            .find(|d| d.id == runner_id)?;
+        let stopped_at = twins.nomad.stopped_at(&child.id)?;
+        Some((deleted, stopped_at))
+    })
+    .await;
+    let stderr = daemon.stop();
+    let (deleted, stopped_at) = taken_back.unwrap_or_else(|| {
+        panic!(
+            "within {TAKE_BACK_DEADLINE:?}: deleted {:?}, stopped {}; daemon stderr:\n{stderr}",
+            twins.github.deleted_runners(),
+            twins.nomad.was_stopped(&child.id),
+        )
+    });
+
+    assert_eq!(deleted.name, runner);
+    assert!(
+        deleted.at < stopped_at,
+        "the child was stopped before its runner's registration was deleted"
+    );
+    assert!(twins.github.runners(&repo).is_empty());
+    assert_eq!(
+        twins.dispatch_requests(PARENT),
+        1,
+        "no runner replaced the one taken back: nothing is queued"
+    );
+    assert_no_secret_in(&stderr, &secrets(&twins, &child));
+}
+
+/// How the runner shows it is at work in the busy cases.
+#[derive(Clone, Copy, Debug)]
+enum AtWork {
+    /// Its registration reads busy; no job the daemon can see names it.
+    BusyFlagOnly,
+    /// Its registration reads busy and a job in progress names it.
+    BusyFlagAndNamedByAJob,
+    /// A job in progress names it while its busy flag still lags at false (BRIEF lesson 2).
+    NamedByAJobWithTheFlagLagging,
+}
+
+async fn a_runner_at_work_is_never_taken_back(at_work: AtWork) {
+    let twins = Twins::start().await;
+    let (repo, job) = provision(&twins);
+    let key_file = TempFile::with_contents("app-key.pem", TEST_APP_PRIVATE_KEY_PEM);
+    let daemon = Daemon::start(&twins, &key_file);
+
+    let (child, runner) = dispatched_child(&twins, &daemon).await;
+    let presence = match at_work {
+        AtWork::NamedByAJobWithTheFlagLagging => RunnerPresence::IDLE,
+        _ => RunnerPresence::BUSY,
+    };
+    twins
+        .github
+        .register_runner_as(&repo, &runner, LABELS, presence);
+    twins.nomad.place(&child.id).unwrap();
+    twins.github.cancel_job(&repo, job).unwrap();
+    match at_work {
+        AtWork::BusyFlagOnly => {}
+        AtWork::BusyFlagAndNamedByAJob => {
+            twins
+                .github
+                .add_run_in_progress(&repo, LABELS.to_vec(), &runner);
+        }
+        AtWork::NamedByAJobWithTheFlagLagging => {
+            twins
+                .github
+                .add_run_in_progress(&repo, LABELS.to_vec(), &runner);
+            assert!(twins.github.set_runner_busy(&repo, &runner, false));
+        }
+    }
+    let ticks_before = listings_of_children(&twins);
+    let window_start = Instant::now();
+
+    // Watch the whole window, failing at the first teardown; it ends once the window has
+    // passed and the daemon has ticked enough times in it.
+    let torn_down = wait_until(TAKE_BACK_DEADLINE + VETO_WINDOW, || {
+        if !twins.github.deleted_runners().is_empty() {
+            return Some(Err("its registration was deleted"));
+        }
+        if twins.nomad.was_stopped(&child.id) || twins.nomad.was_purged(&child.id) {
+            return Some(Err("its child was stopped"));
+        }
+        let ticked = listings_of_children(&twins) - ticks_before;
+        (window_start.elapsed() >= VETO_WINDOW && ticked >= VETO_TICKS_MIN).then_some(Ok(()))
+    })
+    .await;
+    let stderr = daemon.stop();
+
+    match torn_down {
+        Some(Ok(())) => {}
+        Some(Err(what)) => panic!("{at_work:?}: {what}; daemon stderr:\n{stderr}"),
+        None => panic!(
+            "{at_work:?}: the daemon ticked {} times in {:?}; daemon stderr:\n{stderr}",
+            listings_of_children(&twins) - ticks_before,
+            window_start.elapsed()
+        ),
+    }
+    if matches!(at_work, AtWork::BusyFlagOnly) {
+        // Only the registration says busy: the daemon must have read it, tick after tick.
+        let readings = twins
+            .github
+            .request_log()
+            .iter()
+            .filter(|e| e.endpoint == "GET /repos/{owner}/{repo}/actions/runners")
+            .count();
+        assert!(
+            readings >= 2,
+            "the registrations were read {readings} times"
+        );
+    }
+    assert_eq!(twins.github.runners(&repo).len(), 1, "{at_work:?}");
+    let job = twins
+        .nomad
+        .job(&child.id)
+        .expect("the child is still there");
+    assert!(!job.stop, "{at_work:?}");
+    assert_no_secret_in(&stderr, &secrets(&twins, &child));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_whose_registration_reads_busy_keeps_its_registration_and_child() {
+    a_runner_at_work_is_never_taken_back(AtWork::BusyFlagOnly).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_runner_named_by_a_job_in_progress_keeps_its_registration_and_child() {
+    a_runner_at_work_is_never_taken_back(AtWork::BusyFlagAndNamedByAJob).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_named_by_a_job_in_progress_is_kept_while_its_busy_flag_lags() {
+    a_runner_at_work_is_never_taken_back(AtWork::NamedByAJobWithTheFlagLagging).await;
+}
