@@ -27,8 +27,10 @@ fn the_seed_poller_grows_dispatches_in_a_full_cluster_where_ours_does_not() {
     for (o, s) in ours.iter().zip(&seed) {
         assert_eq!(o.seed, s.seed);
         assert!(o.ok(), "{:?}", o.failure_line());
+        // A child stopped before it was placed (past the placement timeout, its token about
+        // to expire) is replaced: one more dispatch for the same job.
         let allowed = |c: &runner_scaler::sim::seeded::world::Counts| {
-            c.jobs + c.failed_starts + c.jobs_cancelled + c.cross_bucket_takes
+            c.jobs + c.failed_starts + c.jobs_cancelled + c.cross_bucket_takes + c.unplaced_stopped
         };
         assert!(o.counts.dispatches <= allowed(&o.counts), "{:?}", o.counts);
         // Pending children without an allocation are invisible to it, so it dispatches again
@@ -53,10 +55,10 @@ fn the_seed_poller_grows_dispatches_in_a_full_cluster_where_ours_does_not() {
 
 #[test]
 fn ephemerd_before_its_veto_destroys_a_busy_runner_where_ours_never_does() {
-    // Seed 33 of `cancellations` is the ephemerd incident: a cancellation shows while a runner
+    // Seed 9 of `cancellations` is the ephemerd incident: a cancellation shows while a runner
     // has just taken a job whose `in_progress` has not shown yet; its intent job was taken by a
     // sibling, so the sweep finds it unbound, discharged and surplus, and destroys it.
-    let pre_veto = outcomes(Scenario::Cancellations, 33..=33, Strategy::EphemerdPreVeto);
+    let pre_veto = outcomes(Scenario::Cancellations, 9..=9, Strategy::EphemerdPreVeto);
     assert!(
         pre_veto[0].counts.escaped_busy > 0,
         "{:?}",

@@ -381,6 +381,9 @@ async fn client_follows_list_pagination() {
         let mut stub = fixture("list-jobs-full-stub.response.json")[1].clone();
         stub["ID"] = id.into();
         stub["ParentID"] = "example".into();
+        // Asked with `meta=true`, Nomad 1.4.3 and later include a child's meta (the docs'
+        // example was listed without it).
+        stub["Meta"] = serde_json::json!({ "labels": "self-hosted" });
         serde_json::json!([stub])
     }
     let routes = Router::new().route(

@@ -163,6 +163,7 @@ pub fn run(scenarios: &[Scenario], seeds: u64, threads: usize) -> Vec<BenchRow> 
         for strategy in Strategy::ALL {
             let settings = RunSettings {
                 strategy,
+                default_reaping: true,
                 ..RunSettings::default()
             };
             let outcomes = sweep_outcomes(scenario, 1..=seeds, threads, settings);

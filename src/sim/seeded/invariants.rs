@@ -44,11 +44,16 @@ pub struct Violation {
 pub struct ConvergenceBound {
     /// When the last fault and the last arrival were behind us.
     pub from_s: u64,
-    /// Rounds of (dispatch, place, boot, run) the open work needs at the tightest cap.
+    /// Rounds of (dispatch, place, boot, run, release) the open work needs at the cap that
+    /// binds longest, and how long that takes.
     pub waves: u64,
+    pub binding_s: u64,
+    /// Rounds more for the dispatches open work can still cause (a runner taken by another
+    /// bucket, a level of `needs:`), each as long as the longest round.
+    pub extra_waves: u64,
     pub wave_s: u64,
-    /// The longest wait a fault can have left behind: transient backoff with its jitter, or
-    /// the longest rate-limit reset.
+    /// The longest wait a fault can have left behind: transient backoff with its jitter, the
+    /// longest rate-limit reset, or a crash-loop pause and its probe.
     pub backoff_s: u64,
     pub bound_s: u64,
 }
@@ -485,20 +490,45 @@ pub fn i6(sim: &Sim, bound: &ConvergenceBound) -> Option<Violation> {
 }
 
 /// The I6 bound, from the options and what is open when faults and arrivals stop: the
-/// longest backoff a fault left, then enough turns for every open job and every child in
-/// flight to pass through its tightest cap (cluster slots and `--max-in-flight` for all,
-/// then each repo's and profile's cap), then two polls to see the end and purge.
+/// longest backoff a fault left, then enough rounds for every open job and every child in
+/// flight to pass through each cap (cluster slots and `--max-in-flight` for all, then each
+/// repo's and profile's cap), the longest of those, two more rounds for the dispatches open
+/// work can still cause (a runner taken by another bucket) and one per level of `needs:`,
+/// then two polls to see the end and purge.
 ///
-/// A turn is placement, boot, and the longer of a job and an idle timeout, with a poll and
-/// the status lag to notice it: without surplus reaping (a later issue), a surplus runner
-/// holds its slot until its idle timeout. Two more turns cover the dispatches that open work
-/// can still cause (a runner taken by another bucket) and one per level of `needs:`.
+/// A round is placement, boot, and the longer of a job and the time a surplus runner keeps its
+/// slot, with a poll and the status lag to notice it. Now that surplus is reaped, a surplus
+/// runner of an `app` repo keeps its slot at most the grace window, the idle confirmation and
+/// two polls (or its own idle timeout, if shorter); in `vault` and `forgejo` mode, where the
+/// daemon never stops a runner whose allocation runs, until its idle timeout.
 pub fn convergence_bound(
     sim: &Sim,
     transient_backoff_max: Duration,
     from_s: u64,
 ) -> ConvergenceBound {
     let o = &sim.options;
+    let policy = o.reap_policy();
+    let reaped_hold_s =
+        (policy.orphan_grace + policy.idle_confirm).as_secs() + 2 * o.poll_interval_s;
+    let round_s = |hold_s: u64| {
+        o.poll_interval_s
+            + o.status_lag_max_s
+            + o.place_delay_s.1
+            + o.boot_s.1
+            + o.job_s.1.max(hold_s)
+            + 2
+    };
+    let repo_round_s = |repo: &RepoName| match sim.config.repos.get(repo).map(|r| &r.mode) {
+        Some(Mode::App) => round_s(o.idle_timeout_s.min(reaped_hold_s)),
+        _ => round_s(o.idle_timeout_s),
+    };
+    let longest_round_s = sim
+        .config
+        .repos
+        .keys()
+        .map(repo_round_s)
+        .max()
+        .unwrap_or_else(|| round_s(o.idle_timeout_s));
     let mut per_repo: BTreeMap<RepoName, u64> = BTreeMap::new();
     let mut per_profile: BTreeMap<(RepoName, usize), u64> = BTreeMap::new();
     let mut total = 0;
@@ -523,9 +553,13 @@ pub fn convergence_bound(
     }
     let global = o.max_in_flight.unwrap_or(u32::MAX);
     let turns_at = |n: u64, cap: u32| n.div_ceil(u64::from(cap.min(global).max(1)));
-    let mut waves = turns_at(total, o.cluster_slots);
+    // (rounds, their length) per cap; the one that takes longest binds.
+    let mut caps = vec![(turns_at(total, o.cluster_slots), longest_round_s)];
     for (repo, n) in &per_repo {
-        waves = waves.max(turns_at(*n, sim.config.repos[repo].max_concurrent));
+        caps.push((
+            turns_at(*n, sim.config.repos[repo].max_concurrent),
+            repo_round_s(repo),
+        ));
     }
     for ((repo, index), n) in &per_profile {
         let config = &sim.config.repos[repo];
@@ -533,21 +567,32 @@ pub fn convergence_bound(
             .max_concurrent
             .unwrap_or(u32::MAX)
             .min(config.max_concurrent);
-        waves = waves.max(turns_at(*n, cap));
+        caps.push((turns_at(*n, cap), repo_round_s(repo)));
     }
-    waves += 2 + sim.world.needs_depth();
-    let wave_s = o.poll_interval_s
-        + o.status_lag_max_s
-        + o.place_delay_s.1
-        + o.boot_s.1
-        + o.job_s.1.max(o.idle_timeout_s)
-        + 2;
-    let backoff_s = (transient_backoff_max.as_secs() * 5 / 4).max(o.rate_limit_reset_s.1);
-    let bound_s = from_s + backoff_s + waves * wave_s + 2 * o.poll_interval_s;
+    let (waves, wave_len_s) = caps
+        .into_iter()
+        .max_by_key(|(turns, len)| turns * len)
+        .unwrap_or((0, longest_round_s));
+    let binding_s = waves * wave_len_s;
+    let extra_waves = 2 + sim.world.needs_depth();
+    // A bucket whose runners crashed at boot until the faults stopped may still be pausing,
+    // then sends one probe at a time until one is seen at work.
+    let crash_s = if o.crash_probability > 0.0 {
+        crate::control_loop::CRASH_BACKOFF_MAX.as_secs() + longest_round_s
+    } else {
+        0
+    };
+    let backoff_s = (transient_backoff_max.as_secs() * 5 / 4)
+        .max(o.rate_limit_reset_s.1)
+        .max(crash_s);
+    let bound_s =
+        from_s + backoff_s + binding_s + extra_waves * longest_round_s + 2 * o.poll_interval_s;
     ConvergenceBound {
         from_s,
         waves,
-        wave_s,
+        binding_s,
+        extra_waves,
+        wave_s: longest_round_s,
         backoff_s,
         bound_s,
     }

@@ -181,8 +181,10 @@ impl Options {
             rate_limit_reset_s: (30, 300),
             faults_end_s: arrivals_end_s + rng.random_range(0..=10) * 60,
             bad_document: None,
-            orphan_grace_s: *[60, 300, 600].choose(rng).expect("non-empty"),
-            idle_confirm_s: *[20, 60, 120].choose(rng).expect("non-empty"),
+            // Drawn by `draw_reaping` from a stream of their own, so that adding them kept
+            // every seed's world as it was.
+            orphan_grace_s: 600,
+            idle_confirm_s: 120,
         };
         if rng.random_bool(0.3) {
             let start = rng.random_range(60..=options.faults_end_s.max(61));
@@ -321,6 +323,13 @@ impl Options {
             Some(load) if load.start_s <= t && t < load.end_s => load.slots,
             _ => 0,
         }
+    }
+
+    /// Draws `--orphan-grace` and `--idle-confirm`: short as well as at their defaults, so
+    /// reaping meets the races.
+    pub fn draw_reaping(&mut self, rng: &mut StdRng) {
+        self.orphan_grace_s = *[60, 300, 600].choose(rng).expect("non-empty");
+        self.idle_confirm_s = *[20, 60, 120].choose(rng).expect("non-empty");
     }
 
     /// The daemon's reaping settings in this run; bounds it does not vary keep their
