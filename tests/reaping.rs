@@ -428,3 +428,55 @@ async fn an_unplaced_child_whose_allocation_appeared_meanwhile_is_not_stopped() 
         Some(ChildStatus::Pending)
     );
 }
+
+/// A runner killed with its allocation leaves its registration behind, offline. Offline
+/// registrations named like ours with no child of ours are deleted; an operator's own runner,
+/// an online one, or one whose children could not all be listed are left alone.
+#[tokio::test(start_paused = true)]
+async fn stale_registrations_of_our_runners_are_deleted_and_nothing_else() {
+    let world = MemoryWorld::new(at(0));
+    let api = repo("acme/api");
+    let config = app_config(&[("acme/api", 2)]);
+    let mut ctl = reaping_controller(&world, 15, 600, 120);
+    let stale = world.register_orphan(&api, "ci-runner-3f9c2a1b7d04", false);
+    let laptop = world.register_orphan(&api, "my-laptop", false);
+    let online = world.register_orphan(&api, "ci-runner-aaaaaaaaaaaa", true);
+
+    // Nomad cannot be listed: a registration may belong to a child nobody saw.
+    world.set_nomad_down(true);
+    tick(&mut ctl, &world, &config, 0).await;
+    assert!(world.deregistered().is_empty());
+
+    world.set_nomad_down(false);
+    tick(&mut ctl, &world, &config, 15).await;
+    assert_eq!(world.deregistered(), vec![stale]);
+    let left: Vec<u64> = [laptop, online]
+        .into_iter()
+        .filter(|id| !world.deregistered().contains(id))
+        .collect();
+    assert_eq!(left, vec![laptop, online]);
+}
+
+/// A child Nomad could not place for the whole placement timeout is stopped (no runner
+/// exists) and replaced before its registration token would expire; that is no failed start.
+#[tokio::test(start_paused = true)]
+async fn a_child_unplaced_past_the_placement_timeout_is_replaced() {
+    let world = MemoryWorld::new(at(0));
+    let api = repo("acme/api");
+    let config = app_config(&[("acme/api", 1)]);
+    let mut ctl = reaping_controller(&world, 15, 600, 120);
+    world.queue_job(&api, SH);
+    tick(&mut ctl, &world, &config, 0).await;
+    let first = child_ids(&world).remove(0);
+    let timeout = ReapPolicy::default().placement_timeout.as_secs() as i64;
+    let view = tick(&mut ctl, &world, &config, timeout - 15).await;
+    assert!(world.stopped().is_empty(), "{view:#?}");
+    let view = tick(&mut ctl, &world, &config, timeout).await;
+    assert_eq!(world.stopped(), vec![first.clone()], "{view:#?}");
+    assert_eq!(view.reaps[0].outcome, "replaced");
+    // The job is still queued: the next tick dispatches its replacement at once, with no
+    // crash-loop backoff.
+    let view = tick(&mut ctl, &world, &config, timeout + 15).await;
+    assert_eq!(view.started, 1, "{view:#?}");
+    assert_eq!(world.dispatch_count(), 2);
+}

@@ -130,6 +130,22 @@ impl MemoryWorld {
         id
     }
 
+    /// Registers a runner under `name` with no child behind it (one killed with its
+    /// allocation leaves such a registration), online or not; returns its id.
+    pub fn register_orphan(&self, repo: &RepoName, name: &str, online: bool) -> u64 {
+        let mut s = self.state.lock().unwrap();
+        s.next_id += 1;
+        let id = s.next_id;
+        let registration = RunnerRegistration {
+            id,
+            name: RunnerName(name.to_string()),
+            online,
+            busy: false,
+        };
+        s.registrations.insert(id, (repo.clone(), registration));
+        id
+    }
+
     /// Sets the `busy` flag the forge shows for a registration (it may lag the truth).
     pub fn set_runner_busy(&self, runner_id: u64, busy: bool) {
         if let Some((_, r)) = self.state.lock().unwrap().registrations.get_mut(&runner_id) {

@@ -965,17 +965,12 @@ impl Registrar for GitHub {
 impl RunnerRegistry for GitHub {
     #[instrument(level = "debug", skip_all, fields(repo = %repo.repo))]
     async fn list_runners(&self, repo: &RepoConfig) -> Result<Vec<RunnerRegistration>, PortError> {
-        if !matches!(repo.mode, Mode::App) {
-            return Err(not_app(repo));
-        }
         let doing = format!("list runners of {}", repo.repo);
-        let first = format!(
-            "/repos/{}/{}/actions/runners?per_page={PER_PAGE}",
-            repo.repo.owner(),
-            repo.repo.name()
-        );
-        // Listed only when a runner is about to be taken back: no conditional cache, so the
-        // answer is always today's.
+        let first = format!("{}?per_page={PER_PAGE}", runners_path(repo)?);
+        // Read when a runner is about to be taken back (and in a slow sweep for stale
+        // registrations): no conditional cache, so the answer is always today's. The token is
+        // the repo's `administration: write` one that also mints and deletes: listing needs
+        // only read, but one cached token per repo costs fewer mints than two.
         let listing = self
             .walk::<wire::RunnersPage>(repo, Permission::AdministrationWrite, &first, &doing, None)
             .await?;
@@ -1003,15 +998,8 @@ impl RunnerRegistry for GitHub {
         repo: &RepoConfig,
         runner_id: u64,
     ) -> Result<Deregistration, PortError> {
-        if !matches!(repo.mode, Mode::App) {
-            return Err(not_app(repo));
-        }
         let doing = format!("delete runner {runner_id} of {}", repo.repo);
-        let path = format!(
-            "/repos/{}/{}/actions/runners/{runner_id}",
-            repo.repo.owner(),
-            repo.repo.name()
-        );
+        let path = format!("{}/{runner_id}", runners_path(repo)?);
         let answer = self
             .repo_call_answering(
                 repo,
@@ -1032,15 +1020,24 @@ impl RunnerRegistry for GitHub {
     }
 }
 
-fn not_app(repo: &RepoConfig) -> PortError {
-    PortError::new(
-        ErrorClass::Configuration,
-        format!(
-            "{} is a {} repo: the daemon manages runner registrations in app mode only",
-            repo.repo,
-            repo.mode.as_str()
-        ),
-    )
+/// `/repos/{owner}/{repo}/actions/runners` of an `app` repo: only there does the daemon hold
+/// a credential that may manage the repo's runners.
+fn runners_path(repo: &RepoConfig) -> Result<String, PortError> {
+    if !matches!(repo.mode, Mode::App) {
+        return Err(PortError::new(
+            ErrorClass::Configuration,
+            format!(
+                "{} is a {} repo: the daemon manages runner registrations in app mode only",
+                repo.repo,
+                repo.mode.as_str()
+            ),
+        ));
+    }
+    Ok(format!(
+        "/repos/{}/{}/actions/runners",
+        repo.repo.owner(),
+        repo.repo.name()
+    ))
 }
 
 #[cfg(test)]
