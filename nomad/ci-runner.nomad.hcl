@@ -53,10 +53,12 @@ job "ci-runner" {
       driver = "docker"
 
       config {
-        # The official runner image. Pin the tag you have tested: with self-update off, the
-        # image decides the runner version, and GitHub stops accepting runners that fall too
-        # far behind, so move the pin along with GitHub's releases.
-        image   = "ghcr.io/actions/actions-runner:latest"
+        # The official runner image, pinned: with self-update off the image decides the runner
+        # version, so a moving tag would change every runner at the next pull. GitHub stops
+        # accepting runners that fall too far behind its releases: move the pin along with
+        # them (tags are the runner version, github.com/actions/runner/releases), or pin a
+        # digest (`…@sha256:…`) you have tested.
+        image   = "ghcr.io/actions/actions-runner:2.336.0"
         command = "/bin/bash"
         args    = ["${NOMAD_TASK_DIR}/entrypoint.sh"]
       }

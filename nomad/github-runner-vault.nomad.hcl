@@ -118,7 +118,8 @@ job "github-runner-moat-vm" {
       driver = "docker"
 
       config {
-        image   = "ghcr.io/actions/actions-runner:latest"
+        # Pinned like nomad/ci-runner.nomad.hcl: move the pin along with GitHub's releases.
+        image   = "ghcr.io/actions/actions-runner:2.336.0"
         command = "/bin/bash"
         args    = ["${NOMAD_TASK_DIR}/entrypoint.sh"]
       }

@@ -406,3 +406,40 @@ fn the_consul_policy_reads_exactly_the_document() {
     let key = labelled(&rules, "key", &["runners/config"]);
     assert_eq!(text(attr(key.body(), "policy")), "read");
 }
+
+/// Every image in `nomad/` is pinned to a version or a digest: a moving tag changes the
+/// runner (or the daemon) under the operator at the next pull, and with self-update off an
+/// unpinned runner image is the only thing deciding the runner version.
+#[test]
+fn every_image_is_pinned_to_a_version_or_a_digest() {
+    let mut seen = 0;
+    for entry in std::fs::read_dir(repo_path("nomad")).expect("nomad/ is readable") {
+        let path = entry.expect("a directory entry").path();
+        if path.extension().and_then(|e| e.to_str()) != Some("hcl") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("a job file is readable");
+        for line in text.lines() {
+            let Some(image) = line
+                .trim()
+                .strip_prefix("image")
+                .and_then(|rest| rest.trim().strip_prefix('='))
+                .map(|value| value.trim().trim_matches('"'))
+            else {
+                continue;
+            };
+            seen += 1;
+            let (_, reference) = image
+                .rsplit_once(['@', ':'])
+                .unwrap_or_else(|| panic!("{}: image {image} has no tag", path.display()));
+            let pinned = image.contains("@sha256:")
+                || reference.chars().next().is_some_and(|c| c.is_ascii_digit());
+            assert!(
+                pinned && reference != "latest",
+                "{}: image {image} is not pinned to a version or a digest",
+                path.display()
+            );
+        }
+    }
+    assert!(seen >= 4, "only {seen} images found in nomad/");
+}
