@@ -255,7 +255,13 @@ fn world() -> impl Strategy<Value = World> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(2_000))]
+    // Failures are printed, shrunk, with the case that reproduces them; nothing is written
+    // next to the sources (the top level holds only what the project ships).
+    #![proptest_config(ProptestConfig {
+        cases: 2_000,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn the_indexed_planner_agrees_with_the_plain_one(w in world()) {
