@@ -83,14 +83,19 @@ impl Registrars for Services {
     }
 
     fn runners_for(&self, mode: &Mode) -> Option<&dyn RunnerRegistry> {
-        // Only `app` mode holds `administration: write` on the repo; a polling token may not
-        // delete registrations, and Forgejo has no such API before 15.
+        self.runner_registry(mode).map(|r| r.as_ref())
+    }
+}
+
+impl Services {
+    /// The runner registry of `mode`'s repos. Only `app` mode holds `administration: write`
+    /// on the repo; a polling token may not delete registrations, and Forgejo has no such API
+    /// before 15.
+    fn runner_registry(&self, mode: &Mode) -> Option<&Arc<dyn RunnerRegistry>> {
         if !matches!(mode, Mode::App) {
             return None;
         }
-        self.forge(mode)
-            .and_then(|f| f.runners.as_ref())
-            .map(|r| r.as_ref())
+        self.forge(mode).and_then(|f| f.runners.as_ref())
     }
 }
 
@@ -239,13 +244,17 @@ impl Controller {
         let to_read: Vec<_> = repos_to_read
             .iter()
             .filter_map(|name| config.repos.get(name))
-            .filter_map(|repo| self.runners_of(&repo.mode).map(|r| (repo.clone(), r)))
+            .filter_map(|repo| {
+                let registry = self.services.runner_registry(&repo.mode)?;
+                Some((repo.clone(), registry.clone()))
+            })
             .collect();
         let registrations = takeback::read_registrations(to_read).await;
         let judgements = self
             .memory
             .take_back
             .judge(&snapshot, &plan, &registrations, now);
+        report::log_judgements(&judgements);
         let stale =
             self.memory
                 .take_back
@@ -461,14 +470,6 @@ impl Controller {
         }
     }
 
-    /// The runner registry of `mode`'s repos, if the daemon may use one.
-    fn runners_of(&self, mode: &Mode) -> Option<Arc<dyn RunnerRegistry>> {
-        if !matches!(mode, Mode::App) {
-            return None;
-        }
-        self.services.forge(mode).and_then(|f| f.runners.clone())
-    }
-
     fn fill_first_sightings(
         &mut self,
         repo: &RepoName,
@@ -597,11 +598,7 @@ impl Controller {
                 error.message
             );
         }
-        // Settings and services choose the delay: adding it must not panic the tick.
-        let retry_at = chrono::Duration::from_std(delay)
-            .ok()
-            .and_then(|delay| now.checked_add_signed(delay))
-            .unwrap_or(DateTime::<Utc>::MAX_UTC);
+        let retry_at = crate::clock::after(now, delay);
         self.memory.failures.insert(
             scope,
             Failure {

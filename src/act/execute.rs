@@ -284,14 +284,8 @@ async fn take_back(
                     "an allocation appeared since the listing: its runner may exist".into(),
                 );
             }
-            Err(error) => {
-                return ReapOutcome::Failed {
-                    error: error.context(format!(
-                        "re-read the allocations of {child} before stopping it"
-                    )),
-                    child,
-                };
-            }
+            // The client's error already names the child and what it was doing.
+            Err(error) => return ReapOutcome::Failed { child, error },
         }
     } else if tear_down.deregister_first {
         let repo = nominated.repo.as_ref().and_then(|r| config.repos.get(r));
@@ -333,10 +327,7 @@ async fn take_back(
             reason: decision.reason,
             deregistered,
         },
-        Err(error) => ReapOutcome::Failed {
-            error: error.context(format!("stop {child}")),
-            child,
-        },
+        Err(error) => ReapOutcome::Failed { child, error },
     }
 }
 

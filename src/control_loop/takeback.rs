@@ -9,9 +9,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use crate::act::RunnerRegistry;
+use crate::clock::after;
 use crate::config::{Config, Mode};
 use crate::model::{BucketKey, ChildId, LabelSet, RepoName, RunnerName};
 use crate::observe::{ChildStatus, JobState, Placement, PortError, RunnerRegistration, Snapshot};
@@ -35,10 +36,6 @@ pub fn crash_delay(failed_starts: u32) -> Duration {
     CRASH_BACKOFF_FIRST
         .saturating_mul(1 << doublings)
         .min(CRASH_BACKOFF_MAX)
-}
-
-fn after(now: DateTime<Utc>, delay: Duration) -> DateTime<Utc> {
-    now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX / 2)
 }
 
 /// What one reading of a nominated runner said, when it said something other than busy.
@@ -348,26 +345,6 @@ impl TakeBackMemory {
                 age: nominated.age,
                 policy: nominated.policy,
             });
-            let level_info = matches!(decision.outcome, Outcome::Vetoed);
-            if level_info {
-                info!(
-                    child = %child,
-                    nomination = nominated.nomination.as_str(),
-                    verdict = verdict.as_str(),
-                    outcome = decision.outcome.as_str(),
-                    "reap nomination vetoed: {}",
-                    decision.reason
-                );
-            } else if !decision.outcome.tears_down() {
-                debug!(
-                    child = %child,
-                    nomination = nominated.nomination.as_str(),
-                    verdict = verdict.as_str(),
-                    outcome = decision.outcome.as_str(),
-                    "reap nomination kept: {}",
-                    decision.reason
-                );
-            }
             judged.push(Judgement {
                 nominated: nominated.clone(),
                 verdict,

@@ -13,7 +13,7 @@
 mod index;
 pub mod reap;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
 use chrono::{DateTime, Utc};
@@ -270,7 +270,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         flight.push((child, Some(repo), Some(bucket)));
     }
     // Runners a job in progress names: busy, whatever else is said of them.
-    let mut named_busy: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    let mut named_busy: HashSet<&str> = HashSet::new();
     out.purges.sort();
 
     // Demand, from the forges.
@@ -345,6 +345,17 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         }
     }
 
+    // Each bucket's profile, for the hard bound of its children (the routes move into the
+    // bucket plans below).
+    let profile_of: Vec<Option<usize>> = routes
+        .iter()
+        .map(|r| {
+            r.as_ref()
+                .and_then(|r| r.as_ref().ok())
+                .and_then(|r| r.profile)
+        })
+        .collect();
+
     // Each repo's parents are checked once, not once per bucket.
     for slot in &mut repos.slots {
         slot.parent_gap = slot.config.and_then(|r| repo_parent_gap(snapshot, r));
@@ -380,8 +391,8 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         index: usize,
         repo: usize,
         profile: Option<usize>,
-        /// At most this many dispatches this tick (a bucket probing after failed starts).
-        limit: Option<u32>,
+        /// Failed starts in a row of a bucket that is probing: one dispatch this tick at most.
+        probing: Option<u32>,
     }
     let mut candidates = Vec::new();
     // Every missing runner as (when the job it would serve was queued, candidate), the time
@@ -390,8 +401,6 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
     let mut units: Vec<(i64, u32, usize)> = Vec::with_capacity(out.queued_total as usize);
     let mut queued_jobs = queued_jobs.by_bucket(&buckets.all);
     out.buckets.reserve(order.len());
-    // Bucket index → its place in `out.buckets`.
-    let mut plan_index = vec![usize::MAX; buckets.all.len()];
     for (_, _, b) in order {
         let Bucket {
             repo,
@@ -433,7 +442,6 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
                     until: c.next_dispatch_at,
                 })
         });
-        plan_index[b] = out.buckets.len();
         let reason = if hold.is_some() {
             hold
         } else if missing == 0 {
@@ -446,7 +454,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
                     index: out.buckets.len(),
                     repo,
                     profile: route.profile,
-                    limit: crash.map(|_| 1),
+                    probing: crash.map(|c| c.failed_starts),
                 });
                 units.extend(
                     jobs[first..]
@@ -488,15 +496,10 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         let bucket = &mut out.buckets[cand.index];
         let used = &mut repos.slots[cand.repo];
         let repo_config = used.config.expect("candidates have a route, so a config");
-        let blocked = if let Some(limit) = cand.limit
-            && bucket.to_dispatch >= limit
+        let blocked = if let Some(failed_starts) = cand.probing
+            && bucket.to_dispatch >= 1
         {
-            Some(HoldReason::Probing {
-                failed_starts: holds
-                    .crash_backoff
-                    .get(&bucket.key)
-                    .map_or(0, |c| c.failed_starts),
-            })
+            Some(HoldReason::Probing { failed_starts })
         } else if settings.max_in_flight.is_some_and(|cap| total_used >= cap) {
             Some(HoldReason::GlobalCap)
         } else if used.in_flight >= repo_config.max_concurrent {
@@ -530,31 +533,26 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
     }
     out.nominations = nominate(
         &flight,
-        &buckets.all,
-        &repos.slots,
+        &Attribution {
+            buckets: &buckets.all,
+            slots: &repos.slots,
+            label_sets: &label_sets,
+            profile_of: &profile_of,
+        },
         &named_busy,
-        &routes_for_reap(&buckets.all, &repos.slots, &label_sets),
         settings.reap,
         now,
     );
     out
 }
 
-/// Each bucket's route again, for the hard bound of its profile (the first pass moved them
-/// into the bucket plans).
-fn routes_for_reap(
-    buckets: &[Bucket],
-    slots: &[RepoSlot<'_>],
-    label_sets: &LabelSets<'_>,
-) -> Vec<Option<Route>> {
-    buckets
-        .iter()
-        .map(|b| {
-            slots[b.repo]
-                .config
-                .and_then(|r| r.route(label_sets.get(b.labels)).ok())
-        })
-        .collect()
+/// What the planner learnt of each bucket, for the nominations.
+struct Attribution<'p, 'a> {
+    buckets: &'p [Bucket],
+    slots: &'p [RepoSlot<'a>],
+    label_sets: &'p LabelSets<'a>,
+    /// Each bucket's profile, by bucket index.
+    profile_of: &'p [Option<usize>],
 }
 
 /// The rules' nominations (see [`reap::Nomination`]), in child id order. A child is
@@ -563,13 +561,17 @@ fn routes_for_reap(
 /// no job in progress.
 fn nominate(
     flight: &[(&Child, Option<usize>, Option<usize>)],
-    buckets: &[Bucket],
-    slots: &[RepoSlot<'_>],
-    named_busy: &std::collections::HashSet<&str>,
-    routes: &[Option<Route>],
+    known: &Attribution<'_, '_>,
+    named_busy: &HashSet<&str>,
     policy: ReapPolicy,
     now: DateTime<Utc>,
 ) -> Vec<Nominated> {
+    let Attribution {
+        buckets,
+        slots,
+        label_sets,
+        profile_of,
+    } = known;
     let age_of = |child: &Child| -> std::time::Duration {
         child
             .submitted_at
@@ -585,7 +587,7 @@ fn nominate(
     };
     // Surplus per bucket: which of its children go, unplaced ones first (no runner exists),
     // then the oldest. Never one a job in progress names.
-    let mut surplus: std::collections::HashSet<&ChildId> = std::collections::HashSet::new();
+    let mut surplus: HashSet<&ChildId> = HashSet::new();
     let mut by_bucket: HashMap<Option<usize>, Vec<&Child>> = HashMap::new();
     for (child, repo, bucket) in flight {
         // A child the planner cannot attribute to a bucket of a readable queue has no demand
@@ -621,8 +623,8 @@ fn nominate(
     for (child, repo, bucket) in flight {
         let config = repo.and_then(|r| slots[r].config);
         let mut child_policy = policy;
-        if let (Some(config), Some(Some(route))) = (config, bucket.map(|b| &routes[b]))
-            && let Some(bound) = route.profile.and_then(|i| config.profiles[i].hard_bound)
+        if let (Some(config), Some(Some(profile))) = (config, bucket.map(|b| profile_of[b]))
+            && let Some(bound) = config.profiles[profile].hard_bound
         {
             child_policy.hard_bound = bound;
         }
@@ -651,10 +653,14 @@ fn nominate(
             child: child.id.clone(),
             nomination,
             repo: config.map(|c| c.repo.clone()),
-            labels: child
-                .labels
-                .as_deref()
-                .and_then(|m| LabelSet::from_meta(m).ok()),
+            // A child of a repo outside the document has no bucket: its meta still says.
+            labels: match bucket {
+                Some(b) => Some(label_sets.get(buckets[*b].labels).clone()),
+                None => child
+                    .labels
+                    .as_deref()
+                    .and_then(|m| LabelSet::from_meta(m).ok()),
+            },
             runner: child.runner_name.clone(),
             api: if app {
                 RunnerApi::Registrations

@@ -461,6 +461,34 @@ pub fn log_act(act: &ActReport) {
     }
 }
 
+/// Logs the decisions that keep a nominated runner: a veto at INFO (a signal said it runs
+/// a job), the rest at DEBUG (held for a confirmation, or not the daemon's to stop). What a
+/// teardown did is logged by [`log_act`].
+pub fn log_judgements(judgements: &[Judgement]) {
+    for j in judgements {
+        let (n, d) = (&j.nominated, &j.decision);
+        if d.outcome == Outcome::Vetoed {
+            info!(
+                child = %n.child,
+                nomination = n.nomination.as_str(),
+                verdict = j.verdict.as_str(),
+                outcome = d.outcome.as_str(),
+                "reap nomination vetoed: {}",
+                d.reason
+            );
+        } else if !d.outcome.tears_down() {
+            debug!(
+                child = %n.child,
+                nomination = n.nomination.as_str(),
+                verdict = j.verdict.as_str(),
+                outcome = d.outcome.as_str(),
+                "reap nomination kept: {}",
+                d.reason
+            );
+        }
+    }
+}
+
 /// The one line per tick.
 pub fn log_tick(view: &TickView) {
     info!(

@@ -7,16 +7,17 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Mutex;
 
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::{DateTime, Utc};
 
 use super::transport::RateHeaders;
 use crate::model::RATE_LIMIT_WAIT_MAX_S;
 
 /// `now` plus a wait of `wait_s` seconds, clamped to [`RATE_LIMIT_WAIT_MAX_S`]; never panics.
 pub fn wait_until(now: DateTime<Utc>, wait_s: u64) -> DateTime<Utc> {
-    let wait_s = i64::try_from(wait_s.min(RATE_LIMIT_WAIT_MAX_S)).unwrap_or(0);
-    now.checked_add_signed(TimeDelta::seconds(wait_s))
-        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+    crate::clock::after(
+        now,
+        std::time::Duration::from_secs(wait_s.min(RATE_LIMIT_WAIT_MAX_S)),
+    )
 }
 
 /// `at`, or the end of the longest wait a service may impose if `at` is later.

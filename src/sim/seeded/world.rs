@@ -114,6 +114,16 @@ pub struct SimChild {
     pub registration: Option<u64>,
 }
 
+impl SimChild {
+    /// Its runner registers with GitHub (not Forgejo): GitHub hands jobs only to registered
+    /// runners, and lists them.
+    fn on_github(&self) -> bool {
+        self.repo_url
+            .as_deref()
+            .is_some_and(|u| u.starts_with("https://github.com/"))
+    }
+}
+
 /// A runner registration on GitHub.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Registration {
@@ -607,10 +617,7 @@ impl World {
                 } else {
                     child.phase = Phase::Idle { since: t };
                     if let (Some(repo), Some(runner)) = (&child.repo, &child.runner)
-                        && child
-                            .repo_url
-                            .as_deref()
-                            .is_some_and(|u| u.starts_with("https://github.com/"))
+                        && child.on_github()
                     {
                         self.next_id += 1;
                         let registration = self.next_id;
@@ -689,10 +696,7 @@ impl World {
             };
             // GitHub hands jobs only to a registered runner: one whose registration the daemon
             // deleted waits for nothing (and is stopped next).
-            let github = child
-                .repo_url
-                .as_deref()
-                .is_some_and(|u| u.starts_with("https://github.com/"));
+            let github = child.on_github();
             if github && child.registration.is_none() {
                 continue;
             }
@@ -746,13 +750,7 @@ impl World {
                             .collect()
                     };
                     for bucket in ended {
-                        if let Some(streak) = self.crash_streaks.get_mut(&bucket)
-                            && streak.failed_starts > 0
-                        {
-                            streak.failed_starts = 0;
-                            streak.dispatches_s.clear();
-                            streak.ended_s = Some(t);
-                        }
+                        self.end_crash_streak(&bucket, t);
                     }
                     let child = self.children.get_mut(&id).expect("listed");
                     child.phase = Phase::Busy { job: job_id };
@@ -772,15 +770,7 @@ impl World {
                 None if t.saturating_sub(since) >= o.idle_timeout_s => {
                     // A runner that gives up idle booted and registered: a working image
                     // ends its bucket's crash streak, as the daemon sees from its clean exit.
-                    if let Some(streak) = self
-                        .crash_streaks
-                        .get_mut(&(repo.clone(), child_labels.clone()))
-                        && streak.failed_starts > 0
-                    {
-                        streak.failed_starts = 0;
-                        streak.dispatches_s.clear();
-                        streak.ended_s = Some(t);
-                    }
+                    self.end_crash_streak(&(repo.clone(), child_labels.clone()), t);
                     let child = self.children.get_mut(&id).expect("listed");
                     exit(child);
                     // An idle runner that gives up deregisters on its way out.
@@ -931,6 +921,17 @@ impl World {
             Phase::Unplaced { .. } | Phase::Exited => trace.record(t, format!("{how} {id}")),
         }
         child.phase = Phase::Exited;
+    }
+
+    /// A runner of `bucket` was seen at work at `t`: the bucket's run of failed starts ends.
+    fn end_crash_streak(&mut self, bucket: &(RepoName, LabelSet), t: u64) {
+        if let Some(streak) = self.crash_streaks.get_mut(bucket)
+            && streak.failed_starts > 0
+        {
+            streak.failed_starts = 0;
+            streak.dispatches_s.clear();
+            streak.ended_s = Some(t);
+        }
     }
 
     /// GitHub's view of a repo's registrations: (id, name, online, busy). A runner shows
