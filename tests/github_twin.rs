@@ -23,33 +23,18 @@ use runner_scaler::sim::twins::github::{GitHubTwin, TEST_APP_ID, TEST_APP_PRIVAT
 use serde_json::{Value, json};
 use url::Url;
 
+mod support;
+
+/// `null` matches any kind: nullable fields are null in one of the two bodies depending on
+/// state.
+use support::fixtures::json_type as kind;
+
 fn fixture(name: &str) -> Value {
-    let path = format!(
-        "{}/tests/fixtures/github/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+    support::fixtures::fixture("github", name)
 }
 
 fn fixture_text(name: &str) -> String {
-    let path = format!(
-        "{}/tests/fixtures/github/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    std::fs::read_to_string(&path).unwrap()
-}
-
-/// The JSON kind of a value; `null` matches any kind (nullable fields are null in one of the
-/// two bodies depending on state).
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "bool",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
+    support::fixtures::fixture_text("github", name)
 }
 
 /// Asserts that `twin` has every key of `doc` (and only those plus `extra`), with the same
@@ -127,25 +112,7 @@ impl Raw {
         token: &str,
         body: Option<Value>,
     ) -> (u16, reqwest::header::HeaderMap, Value) {
-        let mut request = self
-            .client
-            .request(method, format!("{}{path}", self.base))
-            .header("accept", "application/vnd.github+json")
-            .header("x-github-api-version", "2022-11-28")
-            .bearer_auth(token);
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        let response = request.send().await.unwrap();
-        let status = response.status().as_u16();
-        let headers = response.headers().clone();
-        let text = response.text().await.unwrap();
-        let body = if text.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&text).unwrap()
-        };
-        (status, headers, body)
+        support::fixtures::github_call(&self.client, &self.base, method, path, token, body).await
     }
 }
 

@@ -8,9 +8,11 @@ use runner_scaler::model::{ChildId, ErrorClass, RunnerName};
 use runner_scaler::observe::{ChildSource, ChildStatus, Placement};
 use runner_scaler::secrets::SecretString;
 use runner_scaler::sim::twins::TwinServer;
-use runner_scaler::sim::twins::nomad::{
-    DEFAULT_NAMESPACE, DispatchInput, NomadTwin, ParentSpec, PayloadRule,
-};
+use runner_scaler::sim::twins::nomad::{NomadTwin, ParentSpec, PayloadRule};
+
+mod support;
+
+use support::fixtures::hand_dispatch;
 
 const CANARY: &str = "CANARY-9f1e-runner-token";
 const REQUIRED: &[&str] = &["repo_url", "runner_token", "runner_name"];
@@ -54,23 +56,6 @@ fn request(parent: &str, token: Option<&str>, idempotency_token: &str) -> Dispat
         },
         idempotency_token: idempotency_token.to_string(),
     }
-}
-
-fn hand_dispatch(twin: &NomadTwin, parent: &str) -> String {
-    let input = DispatchInput {
-        meta: [
-            ("repo_url", "https://github.com/acme/api"),
-            ("runner_token", "by-hand"),
-            ("runner_name", "someone-elses"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect(),
-        ..DispatchInput::default()
-    };
-    twin.dispatch(DEFAULT_NAMESPACE, parent, input)
-        .expect("hand dispatch accepted")
-        .dispatched_job_id
 }
 
 #[tokio::test]

@@ -16,10 +16,12 @@ use runner_scaler::sim::twins::TwinServer;
 use runner_scaler::sim::twins::nomad::{DispatchInput, NomadTwin, PayloadRule};
 use serde_json::Value;
 
+mod support;
+
+use support::fixtures::json_type;
+
 fn fixture(name: &str) -> Value {
-    let path = format!("{}/tests/fixtures/nomad/{name}", env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("parse {path}: {e}"))
+    support::fixtures::fixture("nomad", name)
 }
 
 fn client(server: &TwinServer) -> NomadClient {
@@ -28,17 +30,6 @@ fn client(server: &TwinServer) -> NomadClient {
         Duration::from_secs(5),
     )
     .unwrap()
-}
-
-fn json_type(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "bool",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
 }
 
 /// Every field of `expected` is in `actual` with the same JSON type, recursively. Objects

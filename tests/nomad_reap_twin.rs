@@ -14,8 +14,16 @@ use runner_scaler::model::{ChildId, ErrorClass, RunnerName};
 use runner_scaler::observe::{ChildSource, ChildStatus, Placement};
 use runner_scaler::secrets::SecretString;
 use runner_scaler::sim::twins::TwinServer;
-use runner_scaler::sim::twins::nomad::{DEFAULT_NAMESPACE, DispatchInput, NomadTwin, PayloadRule};
+use runner_scaler::sim::twins::nomad::{DEFAULT_NAMESPACE, NomadTwin, PayloadRule};
 use serde_json::Value;
+
+mod support;
+
+use support::fixtures::{hand_dispatch, json_type};
+
+fn fixture(name: &str) -> Value {
+    support::fixtures::fixture("nomad", name)
+}
 
 const REQUIRED: &[&str] = &["repo_url", "runner_token", "runner_name"];
 const OPTIONAL: &[&str] = &["labels", "managed_by"];
@@ -90,24 +98,6 @@ impl Cluster {
         assert_eq!(status, 200, "{body}");
         serde_json::from_str(&body).unwrap()
     }
-}
-
-/// A child started by hand: the marker `managed_by` is absent.
-fn hand_dispatch(twin: &NomadTwin, parent: &str) -> String {
-    let input = DispatchInput {
-        meta: [
-            ("repo_url", "https://github.com/acme/api"),
-            ("runner_token", "by-hand"),
-            ("runner_name", "someone-elses"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect(),
-        ..DispatchInput::default()
-    };
-    twin.dispatch(DEFAULT_NAMESPACE, parent, input)
-        .expect("hand dispatch accepted")
-        .dispatched_job_id
 }
 
 #[tokio::test]
@@ -414,23 +404,6 @@ async fn the_twin_answers_400_in_plain_text_to_a_filter_it_cannot_evaluate() {
         assert_eq!(status, 400, "{expression}: {body}");
         assert!(content_type.starts_with("text/plain"), "{content_type}");
         assert!(body.starts_with(prefix), "{expression}: {body}");
-    }
-}
-
-fn fixture(name: &str) -> Value {
-    let path = format!("{}/tests/fixtures/nomad/{name}", env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("parse {path}: {e}"))
-}
-
-fn json_type(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "bool",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
     }
 }
 

@@ -18,6 +18,8 @@ use runner_scaler::sim::twins::github::{
 use serde_json::{Value, json};
 use url::Url;
 
+mod support;
+
 const LIST_RUNNERS: &str = "GET /repos/{owner}/{repo}/actions/runners";
 const DELETE_RUNNER: &str = "DELETE /repos/{owner}/{repo}/actions/runners/{runner_id}";
 
@@ -255,24 +257,7 @@ async fn call(
         .user_agent("runner-registry-twin-test")
         .build()
         .unwrap();
-    let mut request = client
-        .request(method, format!("{}{path}", server.base_url()))
-        .header("accept", "application/vnd.github+json")
-        .header("x-github-api-version", "2022-11-28")
-        .bearer_auth(token);
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let response = request.send().await.unwrap();
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let text = response.text().await.unwrap();
-    let body = if text.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_str(&text).unwrap()
-    };
-    (status, headers, body)
+    support::fixtures::github_call(&client, &server.base_url(), method, path, token, body).await
 }
 
 fn app_jwt() -> String {

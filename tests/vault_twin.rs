@@ -11,24 +11,15 @@ use runner_scaler::sim::twins::TwinServer;
 use runner_scaler::sim::twins::vault::{VaultPolicy, VaultTwin};
 use serde_json::{Value, json};
 
-const ROOT: &str = "hvs.twin-root-token";
+mod support;
+
+use support::fixtures::json_type as kind;
 
 fn fixture(name: &str) -> Value {
-    let path = format!("{}/tests/fixtures/vault/{name}", env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("parse {path}: {e}"))
+    support::fixtures::fixture("vault", name)
 }
 
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "bool",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
-}
+const ROOT: &str = "hvs.twin-root-token";
 
 /// Same keys at every object level and the same JSON type for every value; arrays are compared
 /// by their first elements.
