@@ -148,12 +148,18 @@ fn child() -> impl Strategy<Value = Child> {
         0..REPOS.len() + 2,
         prop::option::of(prop::sample::select(META_LABELS)),
         prop::option::of(prop::sample::select(RUNNERS)),
+        // Only a placed runner of a wider label set is counted for a narrower job.
+        prop::bool::weighted(0.8),
     )
-        .prop_map(|(id, ours, status, repo, labels, runner)| Child {
+        .prop_map(|(id, ours, status, repo, labels, runner, placed)| Child {
             id: ChildId(format!("dispatch-{id:08x}")),
             parent: String::new(),
             status,
-            placement: Placement::Placed,
+            placement: if placed {
+                Placement::Placed
+            } else {
+                Placement::Unplaced
+            },
             ours,
             // One past the pool is a repo we never configured; two past is no `repo_url`.
             repo_url: match repo {

@@ -240,11 +240,43 @@ pub(super) struct Bucket {
     pub labels: usize,
     /// Our in-flight children of the bucket.
     pub supply: u32,
+    /// Those of them whose allocation runs.
+    pub placed: u32,
     /// Its queued jobs, which [`QueuedJobs`] holds.
     pub queued: u32,
     pub in_progress: u32,
     /// Forgejo jobs claimed by a runner it does not name.
     pub claimed: u32,
+}
+
+impl Bucket {
+    /// Jobs running on the bucket's children. Forgejo names no runner on a job: a claimed
+    /// job is assumed to run on one of its bucket's children, up to their number, so a job
+    /// on someone else's runner never makes us dispatch. A child runs one job at a time, so
+    /// however many jobs a forge says run on the bucket's children, no more than their
+    /// number do.
+    pub fn running(&self) -> u32 {
+        (self.in_progress + self.claimed.min(self.supply)).min(self.supply)
+    }
+
+    /// Runners the bucket lacks for its own jobs.
+    pub fn deficit(&self) -> u32 {
+        (self.queued + self.running()).saturating_sub(self.supply)
+    }
+
+    /// Claimed jobs its own children cannot account for: they may run on a runner of a
+    /// wider label set, which then only looks idle.
+    pub fn unattributed_claims(&self) -> u32 {
+        self.claimed.saturating_sub(self.supply)
+    }
+
+    /// Runners of the bucket with no job of its own to serve whose allocation runs: they can
+    /// take a job of a narrower label set. An unplaced child cannot: it may never be placed
+    /// (a profile whose nodes are gone), and a narrower job would wait on it.
+    pub fn lendable(&self) -> u32 {
+        let spare = self.supply.saturating_sub(self.queued + self.running());
+        spare.min(self.placed.saturating_sub(self.running()))
+    }
 }
 
 #[derive(Default)]
@@ -296,6 +328,7 @@ impl Buckets {
                 repo,
                 labels,
                 supply: 0,
+                placed: 0,
                 queued: 0,
                 in_progress: 0,
                 claimed: 0,

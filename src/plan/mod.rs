@@ -6,12 +6,14 @@
 //!
 //! Per bucket (repo, label set):
 //! `demand = queued jobs + jobs in progress on this bucket's runners`,
-//! `supply = our in-flight children`, `missing = demand − supply`, then capped by the
-//! profile's, the repo's and the global cap, where every in-flight child counts against the
-//! caps and buckets that share a cap are served oldest queued job first.
+//! `supply = our in-flight children`, `missing = demand − supply − spare runners of a wider
+//! label set of the same repo` (`wider.rs`), then capped by the profile's, the repo's and the
+//! global cap, where every in-flight child counts against the caps and buckets that share a
+//! cap are served oldest queued job first.
 
 mod index;
 pub mod reap;
+mod wider;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -95,6 +97,10 @@ pub enum HoldReason {
     Probing {
         failed_starts: u32,
     },
+    /// Spare runners of a wider label set of the same repo will take the queued jobs.
+    CoveredByWider {
+        runners: u32,
+    },
 }
 
 impl fmt::Display for HoldReason {
@@ -122,6 +128,10 @@ impl fmt::Display for HoldReason {
                 f,
                 "crash loop: {failed_starts} failed start(s) in a row; one runner at a time until one takes a job"
             ),
+            HoldReason::CoveredByWider { runners } => write!(
+                f,
+                "{runners} spare runner(s) of a wider label set will take the queued jobs"
+            ),
         }
     }
 }
@@ -137,6 +147,9 @@ pub struct BucketPlan {
     pub in_progress: u32,
     /// Our in-flight children of this bucket (pending or running, placed or not).
     pub in_flight: u32,
+    /// Missing runners that spare runners of a wider label set of the same repo cover: they
+    /// take this bucket's jobs, so none is dispatched for them.
+    pub covered_by_wider: u32,
     /// The tightest cap that applies: profile, repo or global.
     pub cap: Option<u32>,
     pub missing: u32,
@@ -264,6 +277,9 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         };
         let bucket = buckets.get_or_insert(repo, labels);
         buckets.all[bucket].supply += 1;
+        if child.placement.is_placed() {
+            buckets.all[bucket].placed += 1;
+        }
         if let Some(name) = &child.runner_name {
             runners.insert(&name.0, bucket);
         }
@@ -368,6 +384,8 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         .map(|(b, bucket)| (repo_ranks[bucket.repo], label_ranks[bucket.labels], b))
         .collect();
     order.sort_unstable();
+    let in_key_order: Vec<usize> = order.iter().map(|(_, _, b)| *b).collect();
+    let cover = wider::cover_from_wider(&buckets.all, &in_key_order, &label_sets);
 
     let facts = HoldFacts {
         holds,
@@ -402,25 +420,22 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
     let mut queued_jobs = queued_jobs.by_bucket(&buckets.all);
     out.buckets.reserve(order.len());
     for (_, _, b) in order {
+        let bucket = buckets.all[b];
         let Bucket {
             repo,
             labels,
             supply,
             queued,
-            in_progress,
-            claimed,
-        } = buckets.all[b];
+            ..
+        } = bucket;
         let owned_route = routes[b].take();
         let route = owned_route.as_ref();
         let slot = &repos.slots[repo];
         let jobs = queued_jobs.of(b);
         jobs.sort_unstable();
-        // Forgejo names no runner on a job: a claimed job is assumed to run on one of its
-        // bucket's children, up to their number, so a job on someone else's runner never
-        // makes us dispatch. A child runs one job at a time, so however many jobs a forge
-        // says run on the bucket's children, no more than their number do.
-        let in_progress = (in_progress + claimed.min(supply)).min(supply);
-        let missing = (queued + in_progress).saturating_sub(supply);
+        let in_progress = bucket.running();
+        let covered_by_wider = cover.covered[b];
+        let missing = bucket.deficit() - covered_by_wider;
         let key = BucketKey {
             repo: slot.name.clone(),
             labels: label_sets.get(labels).clone(),
@@ -444,6 +459,10 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         });
         let reason = if hold.is_some() {
             hold
+        } else if missing == 0 && covered_by_wider > 0 {
+            Some(HoldReason::CoveredByWider {
+                runners: covered_by_wider,
+            })
         } else if missing == 0 {
             Some(HoldReason::Satisfied)
         } else {
@@ -471,6 +490,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             queued,
             in_progress,
             in_flight: supply,
+            covered_by_wider,
             cap,
             missing,
             to_dispatch: 0,
@@ -538,6 +558,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             slots: &repos.slots,
             label_sets: &label_sets,
             profile_of: &profile_of,
+            lent: &cover.lent,
         },
         &named_busy,
         settings.reap,
@@ -553,6 +574,8 @@ struct Attribution<'p, 'a> {
     label_sets: &'p LabelSets<'a>,
     /// Each bucket's profile, by bucket index.
     profile_of: &'p [Option<usize>],
+    /// Each bucket's runners counted for a narrower bucket's jobs, by bucket index.
+    lent: &'p [u32],
 }
 
 /// The rules' nominations (see [`reap::Nomination`]), in child id order. A child is
@@ -571,6 +594,7 @@ fn nominate(
         slots,
         label_sets,
         profile_of,
+        lent,
     } = known;
     let age_of = |child: &Child| -> std::time::Duration {
         child
@@ -606,12 +630,12 @@ fn nominate(
     for (bucket, mut idle) in by_bucket {
         let excess = match bucket {
             Some(b) => {
-                let b = &buckets[b];
-                if b.queued > 0 {
+                let (bucket, lent) = (&buckets[b], lent[b]);
+                if bucket.queued > 0 {
                     continue;
                 }
-                let in_progress = (b.in_progress + b.claimed.min(b.supply)).min(b.supply);
-                b.supply.saturating_sub(in_progress) as usize
+                // Runners counted for a narrower bucket's queued jobs are about to take them.
+                (bucket.supply - bucket.running()).saturating_sub(lent) as usize
             }
             None => idle.len(),
         };

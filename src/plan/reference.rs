@@ -22,6 +22,8 @@ struct InFlight {
     per_repo: BTreeMap<RepoName, u32>,
     per_profile: BTreeMap<(RepoName, usize), u32>,
     per_bucket: BTreeMap<BucketKey, u32>,
+    /// Those whose allocation runs.
+    placed_per_bucket: BTreeMap<BucketKey, u32>,
     /// runner name → the bucket of the child it runs in.
     runners: BTreeMap<RunnerName, BucketKey>,
 }
@@ -70,6 +72,9 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         }
         let key = BucketKey { repo, labels };
         *in_flight.per_bucket.entry(key.clone()).or_default() += 1;
+        if child.placement.is_placed() {
+            *in_flight.placed_per_bucket.entry(key.clone()).or_default() += 1;
+        }
         if let Some(name) = &child.runner_name {
             in_flight.runners.insert(name.clone(), key);
         }
@@ -158,7 +163,9 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         serves: Vec<DateTime<Utc>>,
     }
     let mut candidates = Vec::new();
+    let covered = covered_by_wider(&keys, &demand, &in_flight);
     for key in keys {
+        let covered_by_wider = covered.get(&key).copied().unwrap_or(0);
         let mut d = demand.remove(&key).unwrap_or_default();
         d.queued.sort_unstable();
         let supply = in_flight.per_bucket.get(&key).copied().unwrap_or(0);
@@ -168,7 +175,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         // says run on the bucket's children, no more than their number do.
         let in_progress = (d.in_progress + d.claimed.min(supply)).min(supply);
         let queued = d.queued.len() as u32;
-        let missing = (queued + in_progress).saturating_sub(supply);
+        let missing = (queued + in_progress).saturating_sub(supply) - covered_by_wider;
         let repo_config = config.repos.get(&key.repo);
         let route = repo_config.map(|r| r.route(&key.labels));
         let mut bucket = BucketPlan {
@@ -179,6 +186,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             queued,
             in_progress,
             in_flight: supply,
+            covered_by_wider,
             cap: repo_config.map(|r| tightest_cap(r, route.as_ref(), settings)),
             missing,
             to_dispatch: 0,
@@ -207,6 +215,10 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         );
         if let Some(reason) = hold {
             bucket.reason = Some(reason);
+        } else if missing == 0 && covered_by_wider > 0 {
+            bucket.reason = Some(HoldReason::CoveredByWider {
+                runners: covered_by_wider,
+            });
         } else if missing == 0 {
             bucket.reason = Some(HoldReason::Satisfied);
         } else if let Some(Ok(route)) = route {
@@ -277,6 +289,68 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         }
     }
     out
+}
+
+/// Per bucket, its missing runners that spare placed runners of a wider label set of the same
+/// repo cover: narrower buckets borrow in key order, from wider buckets in key order, after
+/// claimed jobs that no child of their own bucket accounts for have been set against the
+/// wider buckets that could be running them.
+fn covered_by_wider(
+    keys: &BTreeSet<BucketKey>,
+    demand: &BTreeMap<BucketKey, Demand>,
+    in_flight: &InFlight,
+) -> BTreeMap<BucketKey, u32> {
+    let count =
+        |map: &BTreeMap<BucketKey, u32>, key: &BucketKey| map.get(key).copied().unwrap_or(0);
+    // (supply, running, queued, claimed) of a bucket.
+    let load = |key: &BucketKey| {
+        let supply = count(&in_flight.per_bucket, key);
+        let d = demand.get(key);
+        let in_progress = d.map_or(0, |d| d.in_progress);
+        let claimed = d.map_or(0, |d| d.claimed);
+        let running = (in_progress + claimed.min(supply)).min(supply);
+        let queued = d.map_or(0, |d| d.queued.len() as u32);
+        (supply, running, queued, claimed)
+    };
+    let mut lendable: BTreeMap<&BucketKey, u32> = keys
+        .iter()
+        .map(|key| {
+            let (supply, running, queued, _) = load(key);
+            let placed = count(&in_flight.placed_per_bucket, key);
+            let spare = supply.saturating_sub(queued + running);
+            (key, spare.min(placed.saturating_sub(running)))
+        })
+        .collect();
+    let wider = |narrow: &BucketKey, wide: &BucketKey| {
+        narrow != wide && narrow.repo == wide.repo && narrow.labels.is_subset(&wide.labels)
+    };
+    for claimed_key in keys {
+        let (supply, _, _, claimed) = load(claimed_key);
+        let mut withheld = claimed.saturating_sub(supply);
+        for wide in keys {
+            if wider(claimed_key, wide) {
+                let spare = lendable.get_mut(wide).expect("every key is in");
+                let take = withheld.min(*spare);
+                *spare -= take;
+                withheld -= take;
+            }
+        }
+    }
+    let mut covered = BTreeMap::new();
+    for narrow in keys {
+        let (supply, running, queued, _) = load(narrow);
+        let mut short = (queued + running).saturating_sub(supply);
+        for wide in keys {
+            if wider(narrow, wide) {
+                let spare = lendable.get_mut(wide).expect("every key is in");
+                let take = short.min(*spare);
+                *spare -= take;
+                short -= take;
+                *covered.entry(narrow.clone()).or_default() += take;
+            }
+        }
+    }
+    covered
 }
 
 /// The tightest of the caps that apply to a bucket.

@@ -666,3 +666,201 @@ fn jobs_naming_one_runner_twice_count_it_once_and_never_panic() {
         (1, 1, 1, 1)
     );
 }
+
+/// The repo of the wider-runner cases: `self-hosted` jobs go to `ci-runner`, `gpu` ones to
+/// `gpu-runner`.
+fn gpu_repo() -> RepoConfig {
+    with_profile(app_repo("acme/api", 4), "gpu-runner", "gpu", None)
+}
+
+const GPU: &[&str] = &["self-hosted", "gpu"];
+
+/// A wider runner of `gpu` whose own job went away, placed or not, busy or not, and one
+/// queued `self-hosted` job: is a runner dispatched for it?
+#[test]
+fn a_spare_placed_runner_of_a_wider_label_set_takes_a_narrower_job() {
+    struct Case {
+        name: &'static str,
+        placement: Placement,
+        /// The wide runner runs a job of its own.
+        busy: bool,
+        /// The wide runner is in another repo.
+        other_repo: bool,
+        dispatches: usize,
+    }
+    let cases = [
+        Case {
+            name: "placed and idle: it takes the job",
+            placement: Placement::Placed,
+            busy: false,
+            other_repo: false,
+            dispatches: 0,
+        },
+        Case {
+            name: "unplaced: it may never be placed, so it is not counted",
+            placement: Placement::Unplaced,
+            busy: false,
+            other_repo: false,
+            dispatches: 1,
+        },
+        Case {
+            name: "busy: it has no room",
+            placement: Placement::Placed,
+            busy: true,
+            other_repo: false,
+            dispatches: 1,
+        },
+        Case {
+            name: "another repo's runner never takes this repo's job",
+            placement: Placement::Placed,
+            busy: false,
+            other_repo: true,
+            dispatches: 1,
+        },
+    ];
+    for case in cases {
+        let mut other = with_profile(app_repo("acme/web", 4), "gpu-runner", "gpu", None);
+        other.default_job = Some("ci-runner".into());
+        let mut w = World::new(vec![gpu_repo(), other]);
+        let wide_repo = if case.other_repo {
+            "acme/web"
+        } else {
+            "acme/api"
+        };
+        w.child(
+            "gpu-runner",
+            wide_repo,
+            GPU,
+            "g1",
+            ChildStatus::Running,
+            case.placement,
+        )
+        .queued("acme/api", SH, 5);
+        if case.busy {
+            w.job(
+                wide_repo,
+                GPU,
+                JobState::InProgress {
+                    runner: Some(RunnerName("g1".into())),
+                },
+                60,
+            );
+        }
+        let p = w.plan();
+        assert_eq!(p.dispatches.len(), case.dispatches, "{}", case.name);
+        let b = bucket(&p, "acme/api", SH);
+        if case.dispatches == 0 {
+            assert_eq!(b.covered_by_wider, 1, "{}", case.name);
+            assert_eq!(
+                b.reason,
+                Some(HoldReason::CoveredByWider { runners: 1 }),
+                "{}",
+                case.name
+            );
+        } else {
+            assert_eq!(b.covered_by_wider, 0, "{}", case.name);
+        }
+    }
+}
+
+#[test]
+fn a_narrower_runner_never_covers_a_wider_job() {
+    let mut w = World::new(vec![gpu_repo()]);
+    w.child(
+        "ci-runner",
+        "acme/api",
+        SH,
+        "r1",
+        ChildStatus::Running,
+        Placement::Placed,
+    )
+    .queued("acme/api", GPU, 5);
+    let p = w.plan();
+    assert_eq!(p.dispatches.len(), 1);
+    assert_eq!(p.dispatches[0].parent, "gpu-runner");
+}
+
+#[test]
+fn one_spare_wider_runner_covers_one_narrower_job() {
+    let mut w = World::new(vec![gpu_repo()]);
+    w.child(
+        "gpu-runner",
+        "acme/api",
+        GPU,
+        "g1",
+        ChildStatus::Running,
+        Placement::Placed,
+    )
+    .queued("acme/api", SH, 9)
+    .queued("acme/api", SH, 5);
+    let p = w.plan();
+    let b = bucket(&p, "acme/api", SH);
+    assert_eq!((b.covered_by_wider, b.missing, b.to_dispatch), (1, 1, 1));
+}
+
+#[test]
+fn a_forgejo_claim_no_child_of_its_bucket_explains_withholds_a_wider_runner() {
+    // Forgejo names no runner on a claimed job. A `build` job claimed while the bucket has
+    // no child of ours may be running on our wider `build,docker` runner, which then only
+    // looks idle: counting it for the next `build` job would leave that job waiting for a
+    // whole build.
+    let mut r = app_repo("alex/s3", 4);
+    r.mode = Mode::Forgejo {
+        url: url::Url::parse("http://forgejo:3000").unwrap(),
+        vault_path: "forgejo/scaler".into(),
+    };
+    let build: &[&str] = &["build"];
+    let docker: &[&str] = &["build", "docker"];
+    for claimed in [false, true] {
+        let mut w = World::new(vec![r.clone()]);
+        w.child(
+            "ci-runner",
+            "alex/s3",
+            docker,
+            "f1",
+            ChildStatus::Running,
+            Placement::Placed,
+        )
+        .queued("alex/s3", build, 5);
+        if claimed {
+            w.job("alex/s3", build, JobState::Claimed, 60);
+        }
+        let p = w.plan();
+        assert_eq!(
+            p.dispatches.len(),
+            usize::from(claimed),
+            "claimed elsewhere: {claimed}"
+        );
+    }
+}
+
+#[test]
+fn a_wider_runner_counted_for_a_narrower_job_is_not_surplus() {
+    let mut w = World::new(vec![gpu_repo()]);
+    w.settings.reap = ReapPolicy::default();
+    w.child(
+        "gpu-runner",
+        "acme/api",
+        GPU,
+        "g1",
+        ChildStatus::Running,
+        Placement::Placed,
+    );
+    // Old enough to be nominated when nothing needs it.
+    let grace = w.settings.reap.orphan_grace;
+    for child in w.snapshot.parents.values_mut().flatten().flatten() {
+        child.submitted_at = Some(t0() - Duration::from_std(grace * 2).unwrap());
+    }
+    let idle = w.plan();
+    assert_eq!(idle.nominations.len(), 1, "nothing to take: surplus");
+    assert_eq!(idle.nominations[0].nomination, Nomination::Surplus);
+
+    w.queued("acme/api", SH, 5);
+    let needed = w.plan();
+    assert!(needed.dispatches.is_empty());
+    assert!(
+        needed.nominations.is_empty(),
+        "counted for the queued job, so not surplus: {:?}",
+        needed.nominations
+    );
+}

@@ -19,6 +19,8 @@ pub struct BucketView {
     pub queued: u32,
     pub in_progress: u32,
     pub in_flight: u32,
+    /// Missing runners that spare runners of a wider label set cover.
+    pub covered_by_wider: u32,
     pub cap: Option<u32>,
     pub missing: u32,
     pub to_dispatch: u32,
@@ -35,6 +37,7 @@ impl From<&BucketPlan> for BucketView {
             queued: b.queued,
             in_progress: b.in_progress,
             in_flight: b.in_flight,
+            covered_by_wider: b.covered_by_wider,
             cap: b.cap,
             missing: b.missing,
             to_dispatch: b.to_dispatch,

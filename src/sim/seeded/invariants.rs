@@ -2,7 +2,8 @@
 //!
 //! - I1: no runner executing a job is destroyed (and no foreign child is touched).
 //! - I2: demand visible in a bucket with cap room and no excusing fault is met by a dispatch
-//!   within one poll interval (plus one step: a tick takes no virtual time).
+//!   within one poll interval (plus one step: a tick takes no virtual time), or by a spare
+//!   placed runner of a wider label set of the same repo, which will take it.
 //! - I3: no cap is exceeded, counting pending children.
 //! - I4: surplus is reaped: a registered `app` runner idle past the grace window and the
 //!   idle confirmation is taken back within two polls, and a child unplaced past the
@@ -74,6 +75,55 @@ struct Load {
     in_progress: u32,
     claimed: u32,
     supply: u32,
+    /// Children with an allocation.
+    placed: u32,
+}
+
+impl Load {
+    fn running(&self) -> u32 {
+        (self.in_progress + self.claimed.min(self.supply)).min(self.supply)
+    }
+
+    fn demand(&self) -> u32 {
+        self.queued + self.running()
+    }
+}
+
+/// Per short bucket, how many of its missing runners spare placed runners of a wider label
+/// set of the same repo stand for: GitHub offers a job to every runner whose labels include
+/// the job's, so such a runner takes it and a dispatch beside it would be wasted. Claimed
+/// Forgejo jobs that no child of their own bucket explains are set against the wider
+/// buckets first (they may run there). Narrower buckets borrow in key order.
+fn covered_by_wider(loads: &BTreeMap<BucketKey, Load>) -> BTreeMap<BucketKey, u32> {
+    let mut spare: BTreeMap<&BucketKey, u32> = loads
+        .iter()
+        .map(|(key, l)| {
+            let idle = l.supply.saturating_sub(l.demand());
+            (key, idle.min(l.placed.saturating_sub(l.running())))
+        })
+        .collect();
+    let wider = |narrow: &BucketKey, wide: &BucketKey| {
+        narrow != wide && narrow.repo == wide.repo && narrow.labels.is_subset(&wide.labels)
+    };
+    let mut lend = |narrow: &BucketKey, mut short: u32| {
+        let mut lent = 0;
+        for (wide, room) in spare.iter_mut() {
+            if short > 0 && wider(narrow, wide) {
+                let take = short.min(*room);
+                *room -= take;
+                short -= take;
+                lent += take;
+            }
+        }
+        lent
+    };
+    for (key, l) in loads {
+        lend(key, l.claimed.saturating_sub(l.supply));
+    }
+    loads
+        .iter()
+        .map(|(key, l)| (key.clone(), lend(key, l.demand().saturating_sub(l.supply))))
+        .collect()
 }
 
 impl Checker {
@@ -111,7 +161,11 @@ impl Checker {
                 repo: repo.clone(),
                 labels: child.labels.clone(),
             };
-            loads.entry(key.clone()).or_default().supply += 1;
+            let load = loads.entry(key.clone()).or_default();
+            load.supply += 1;
+            if !matches!(child.phase, Phase::Unplaced { .. }) {
+                load.placed += 1;
+            }
             if let Some(runner) = &child.runner {
                 runners.insert(runner, key);
             }
@@ -138,10 +192,11 @@ impl Checker {
             }
         }
         let used = CapUse::of(sim);
+        let covered = covered_by_wider(&loads);
         let mut still_short = BTreeMap::new();
         for (key, load) in loads {
-            let demand = load.queued + load.in_progress + load.claimed.min(load.supply);
-            if demand <= load.supply {
+            let demand = load.demand();
+            if demand <= load.supply + covered[&key] {
                 continue;
             }
             let Some(repo) = sim.config.repos.get(&key.repo) else {
@@ -162,12 +217,13 @@ impl Checker {
             if t - since > self.dispatch_within_s {
                 return Some(format!(
                     "bucket {key}: demand {demand} (queued {}, in progress {}, claimed {}) exceeded \
-                     supply {} from t={since}s to t={t}s, longer than {} s, with cap room and no \
-                     fault excusing it",
+                     supply {} (and {} spare wider runners) from t={since}s to t={t}s, longer \
+                     than {} s, with cap room and no fault excusing it",
                     load.queued,
                     load.in_progress,
                     load.claimed,
                     load.supply,
+                    covered[&key],
                     self.dispatch_within_s
                 ));
             }
