@@ -33,13 +33,36 @@ Secrets are read only from the environment, never from flags:
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// How log lines are written to stderr: `text` for people, `json` (one object per line)
+    /// for a log shipper.
+    #[arg(
+        long,
+        global = true,
+        env = "RUNNER_SCALER_LOG_FORMAT",
+        value_enum,
+        default_value_t = LogFormat::Text
+    )]
+    pub log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the daemon: a tick at start, then one every --poll-interval.
     #[command(after_help = SECRETS_HELP)]
-    Run(Box<DaemonArgs>),
+    Run {
+        #[command(flatten)]
+        daemon: Box<DaemonArgs>,
+        /// Shadow mode: the whole loop runs and logs and exports its plans, but nothing is
+        /// written (no mint, dispatch, stop, purge or registration deleted).
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Run one tick and exit.
     #[command(after_help = SECRETS_HELP)]
     Once {
@@ -367,7 +390,8 @@ mod tests {
         let args = |extra: &[&str]| {
             let mut argv = vec!["runner-scaler", "run"];
             argv.extend_from_slice(extra);
-            let Command::Run(args) = Cli::try_parse_from(argv).unwrap().command else {
+            let Command::Run { daemon: args, .. } = Cli::try_parse_from(argv).unwrap().command
+            else {
                 panic!("not run")
             };
             args
@@ -397,7 +421,7 @@ mod tests {
     #[test]
     fn durations_are_humantime() {
         let cli = Cli::try_parse_from(["runner-scaler", "run", "--poll-interval", "10m"]).unwrap();
-        let Command::Run(args) = cli.command else {
+        let Command::Run { daemon: args, .. } = cli.command else {
             panic!("not run")
         };
         assert_eq!(args.poll_interval, Duration::from_secs(600));

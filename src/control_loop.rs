@@ -627,11 +627,13 @@ impl Controller {
 
 /// Runs ticks until `shutdown` completes: a tick at start, then one every poll interval. A
 /// shutdown lets the tick in progress finish and starts no new one. Without a valid
-/// document it dispatches nothing and says why once per change of reason.
+/// document it dispatches nothing and says why once per change of reason. With `dry_run`
+/// (shadow mode) every tick plans and reports and writes nothing.
 pub async fn run(
     mut controller: Controller,
     mut config: tokio::sync::watch::Receiver<ConfigState>,
     clock: &dyn crate::clock::Clock,
+    dry_run: bool,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let mut shutdown = std::pin::pin!(shutdown);
@@ -675,14 +677,18 @@ pub async fn run(
         // The tick runs to its end even if shutdown is asked meanwhile. A panic inside it (a
         // bug met by some input) costs that tick, not the daemon: the next tick starts from
         // a fresh observation.
-        let tick = controller.tick(&document, version, clock.now(), false);
-        if let Err(panic) = std::panic::AssertUnwindSafe(tick).catch_unwind().await {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic".into());
-            error!("tick aborted by a bug: {what}; the next tick starts afresh");
+        let tick = controller.tick(&document, version, clock.now(), dry_run);
+        match std::panic::AssertUnwindSafe(tick).catch_unwind().await {
+            Ok(view) if dry_run => report::log_shadow_tick(&view),
+            Ok(_) => {}
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".into());
+                error!("tick aborted by a bug: {what}; the next tick starts afresh");
+            }
         }
     }
 }

@@ -34,7 +34,7 @@ fn main() -> ExitCode {
                 default_repo_max,
             },
         ),
-        other => runner_scaler::wiring::run_command(other),
+        other => runner_scaler::wiring::run_command(other, cli.log_format),
     }
 }
 

@@ -12,7 +12,7 @@ use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::{
-    Command, DaemonArgs, EXIT_BAD_SETTINGS, EXIT_INVALID, SimulateArgs, read_secret,
+    Command, DaemonArgs, EXIT_BAD_SETTINGS, EXIT_INVALID, LogFormat, SimulateArgs, read_secret,
     read_secret_file,
 };
 use crate::clients::consul::{ConsulKv, ConsulSettings};
@@ -35,15 +35,24 @@ use crate::secrets::SecretSource;
 const QUIET_CRATES: &str = "consulrs=off,rustify=off,vaultrs=off";
 
 /// Logs go to stderr, so `--json` output on stdout stays clean. `RUST_LOG` overrides.
-pub fn init_tracing() {
+pub fn init_tracing(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(format!("info,{QUIET_CRATES}")));
     use std::io::IsTerminal;
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
+        // One JSON object per line, the event's fields flattened beside `message`.
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .try_init(),
+    };
 }
 
 fn bad_settings(message: impl std::fmt::Display) -> ExitCode {
@@ -58,10 +67,13 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("start the tokio runtime")
 }
 
-pub fn run_command(command: Command) -> ExitCode {
-    init_tracing();
+pub fn run_command(command: Command, log_format: LogFormat) -> ExitCode {
+    init_tracing(log_format);
     match command {
-        Command::Run(args) => runtime().block_on(daemon(*args)),
+        Command::Run {
+            daemon: args,
+            dry_run,
+        } => runtime().block_on(daemon(*args, dry_run)),
         Command::Once {
             daemon,
             dry_run,
@@ -239,7 +251,7 @@ async fn wait_for_signal() -> &'static str {
     }
 }
 
-async fn daemon(args: DaemonArgs) -> ExitCode {
+async fn daemon(args: DaemonArgs, dry_run: bool) -> ExitCode {
     let built = match build(&args).await {
         Ok(built) => built,
         Err(e) => return bad_settings(e),
@@ -259,13 +271,26 @@ async fn daemon(args: DaemonArgs) -> ExitCode {
         built.loop_settings,
         Box::new(StdRng::from_os_rng()),
     );
-    info!(
-        poll_interval = %humantime::format_duration(args.poll_interval),
-        "runner-scaler started"
-    );
-    crate::control_loop::run(controller, config_rx, &crate::clock::SystemClock, async {
-        shutdown_signal().await;
-    })
+    if dry_run {
+        info!(
+            poll_interval = %humantime::format_duration(args.poll_interval),
+            "runner-scaler started in shadow mode (--dry-run): it plans and reports, and writes nothing"
+        );
+    } else {
+        info!(
+            poll_interval = %humantime::format_duration(args.poll_interval),
+            "runner-scaler started"
+        );
+    }
+    crate::control_loop::run(
+        controller,
+        config_rx,
+        &crate::clock::SystemClock,
+        dry_run,
+        async {
+            shutdown_signal().await;
+        },
+    )
     .await;
     let _ = stop_tx.send(true);
     let _ = watcher.await;

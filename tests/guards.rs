@@ -300,7 +300,7 @@ async fn a_new_document_retries_a_held_refusal_at_once() {
         }
     };
     let started = tokio::time::Instant::now();
-    runner_scaler::control_loop::run(ctl, config_rx, &clock, scenario).await;
+    runner_scaler::control_loop::run(ctl, config_rx, &clock, false, scenario).await;
 
     assert_eq!(
         asked_while_held.load(Ordering::SeqCst),

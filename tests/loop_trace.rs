@@ -183,6 +183,7 @@ async fn a_panicking_tick_costs_only_that_tick() {
             controller,
             rx,
             &runner_scaler::clock::SystemClock,
+            false,
             dispatched,
         ),
     )
@@ -226,6 +227,7 @@ async fn the_first_tick_follows_the_first_document_not_the_next_interval() {
         controller,
         rx,
         &runner_scaler::clock::SystemClock,
+        false,
         dispatched,
     )
     .await;

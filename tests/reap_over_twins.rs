@@ -10,23 +10,17 @@
 
 mod support;
 
-use std::io::Read;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use runner_scaler::model::RepoName;
 use runner_scaler::sim::twins::github::{RunnerPresence, TEST_APP_PRIVATE_KEY_PEM};
 use runner_scaler::sim::twins::nomad::TwinJob;
+use support::daemon_process::{Daemon, wait_until};
 use support::twins::{CONFIG_KEY, CONSUL_TOKEN, NOMAD_TOKEN, TempFile, Twins, VAULT_TOKEN};
 
-const BIN: &str = env!("CARGO_BIN_EXE_runner-scaler");
 const PARENT: &str = "ci-runner";
 const REPO: &str = "acme/api";
 const LABELS: &[&str] = &["self-hosted"];
-/// How often the tests look at the twins.
-const POLL: Duration = Duration::from_millis(100);
 /// From cancellation to the registration deleted and the child stopped: the daemon needs a
 /// tick past the grace window, two seconds of idle readings and one more tick (about four
 /// seconds); ten leave room for a loaded machine.
@@ -37,102 +31,15 @@ const VETO_WINDOW: Duration = Duration::from_secs(6);
 /// Ticks the daemon must have run inside the veto window, so the window is not just quiet
 /// because the daemon was slow to start or stuck.
 const VETO_TICKS_MIN: usize = 4;
-
-/// `runner-scaler run` against the twins, killed on drop; its stderr is collected as it goes
-/// so the pipe never fills.
-struct Daemon {
-    process: Child,
-    stderr: Arc<Mutex<String>>,
-    reader: Option<JoinHandle<()>>,
-}
-
-impl Daemon {
-    fn start(twins: &Twins, key_file: &TempFile) -> Daemon {
-        let mut command = Command::new(BIN);
-        command
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            // The daemon's own debug lines too: more text that must not hold a token.
-            .env("RUST_LOG", "info,runner_scaler=debug")
-            .args([
-                "run",
-                "--poll-interval",
-                "1s",
-                "--orphan-grace",
-                "1s",
-                "--idle-confirm",
-                "2s",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        for (key, value) in twins.daemon_env(key_file.path()) {
-            command.env(key, value);
-        }
-        let mut process = command.spawn().expect("start runner-scaler");
-        let mut pipe = process.stderr.take().expect("stderr is piped");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let reader = std::thread::spawn({
-            let stderr = stderr.clone();
-            move || {
-                let mut buffer = [0u8; 4096];
-                while let Ok(n) = pipe.read(&mut buffer) {
-                    if n == 0 {
-                        break;
-                    }
-                    stderr
-                        .lock()
-                        .unwrap()
-                        .push_str(&String::from_utf8_lossy(&buffer[..n]));
-                }
-            }
-        });
-        Daemon {
-            process,
-            stderr,
-            reader: Some(reader),
-        }
-    }
-
-    /// Kills the daemon and returns everything it wrote to stderr.
-    fn stop(mut self) -> String {
-        self.kill();
-        self.stderr.lock().unwrap().clone()
-    }
-
-    fn kill(&mut self) {
-        // Only this test's own child, by its handle.
-        let _ = self.process.kill();
-        let _ = self.process.wait();
-        if let Some(reader) = self.reader.take() {
-            let _ = reader.join();
-        }
-    }
-
-    fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Polls `done` every [`POLL`] until it holds or `deadline` passes; the last value.
-async fn wait_until<T>(deadline: Duration, mut done: impl FnMut() -> Option<T>) -> Option<T> {
-    let until = Instant::now() + deadline;
-    loop {
-        if let Some(value) = done() {
-            return Some(value);
-        }
-        if Instant::now() >= until {
-            return None;
-        }
-        tokio::time::sleep(POLL).await;
-    }
-}
+const DAEMON_ARGS: &[&str] = &[
+    "run",
+    "--poll-interval",
+    "1s",
+    "--orphan-grace",
+    "1s",
+    "--idle-confirm",
+    "2s",
+];
 
 /// One app repo, its parent, the document in Consul, and one queued job.
 fn provision(twins: &Twins) -> (RepoName, u64) {
@@ -209,7 +116,7 @@ async fn an_idle_surplus_runner_loses_its_registration_before_its_child_is_stopp
     let twins = Twins::start().await;
     let (repo, job) = provision(&twins);
     let key_file = TempFile::with_contents("app-key.pem", TEST_APP_PRIVATE_KEY_PEM);
-    let daemon = Daemon::start(&twins, &key_file);
+    let daemon = Daemon::start(&twins, &key_file, DAEMON_ARGS);
 
     let (child, runner) = dispatched_child(&twins, &daemon).await;
     // Registered before placed, so no tick sees a placed child without a registration.
@@ -267,7 +174,7 @@ async fn a_runner_at_work_is_never_taken_back(at_work: AtWork) {
     let twins = Twins::start().await;
     let (repo, job) = provision(&twins);
     let key_file = TempFile::with_contents("app-key.pem", TEST_APP_PRIVATE_KEY_PEM);
-    let daemon = Daemon::start(&twins, &key_file);
+    let daemon = Daemon::start(&twins, &key_file, DAEMON_ARGS);
 
     let (child, runner) = dispatched_child(&twins, &daemon).await;
     let presence = match at_work {

@@ -31,7 +31,9 @@ use consulrs::client::{ConsulClient, ConsulClientSettings};
 use consulrs::error::ClientError;
 use secrecy::{ExposeSecret, SecretString};
 
-use crate::clients::http::{REQUEST_TIMEOUT_DEFAULT, class_of_status, redirect_refused};
+use crate::clients::http::{
+    REQUEST_TIMEOUT_DEFAULT, class_of_status, redirect_refused, root_cause,
+};
 use crate::config::watch::{DocumentSource, Fetched};
 use crate::model::ErrorClass;
 use crate::observe::PortError;
@@ -187,7 +189,7 @@ impl ConsulKv {
             version: 1,
         };
         let mut client = ConsulClient::new(consul_settings)
-            .map_err(|e| format!("build Consul client for {address}: {}", chain(&e)))?;
+            .map_err(|e| format!("build Consul client for {address}: {}", root_cause(&e)))?;
         client.http.http = without_redirects(&client.settings)
             .map_err(|e| format!("build Consul client for {address}: {e}"))?;
         Ok(ConsulKv {
@@ -231,18 +233,6 @@ fn without_redirects(settings: &ConsulClientSettings) -> Result<reqwest_0_11::Cl
         .map_err(|e| format!("build HTTP client: {e}"))
 }
 
-/// An error and its sources, one after another: consulrs's own messages name no cause.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 /// Consul's error bodies are short plain text; keep them short and on one line anyway.
 fn excerpt(body: &str) -> String {
     let line: String = body.trim().chars().take(200).collect();
@@ -274,9 +264,12 @@ fn classify(doing: &str, e: ClientError) -> PortError {
             } else {
                 ErrorClass::Transient
             };
-            PortError::new(class, format!("{doing}: {}", chain(&source)))
+            PortError::new(class, format!("{doing}: {}", root_cause(&source)))
         }
-        other => PortError::new(ErrorClass::Malformed, format!("{doing}: {}", chain(&other))),
+        other => PortError::new(
+            ErrorClass::Malformed,
+            format!("{doing}: {}", root_cause(&other)),
+        ),
     }
 }
 
@@ -335,7 +328,7 @@ impl DocumentSource for ConsulKv {
             Some(value) => value.try_into().map_err(|e: ClientError| {
                 PortError::new(
                     ErrorClass::Malformed,
-                    format!("{doing}: Value is not base64: {}", chain(&e)),
+                    format!("{doing}: Value is not base64: {}", root_cause(&e)),
                 )
             })?,
         };

@@ -219,7 +219,7 @@ impl Forgejo {
                 .header(reqwest::header::ACCEPT, "application/json")
                 .send()
                 .await
-                .map_err(|e| transport_error(doing, &e))?;
+                .map_err(|e| transport_error("Forgejo", doing, &e))?;
             let status = response.status();
             if status == StatusCode::UNAUTHORIZED {
                 // Refused: never reuse it. A cached token may have been rotated in Vault, so
@@ -233,7 +233,7 @@ impl Forgejo {
             let body = response
                 .bytes()
                 .await
-                .map_err(|e| transport_error(doing, &e))?;
+                .map_err(|e| transport_error("Forgejo", doing, &e))?;
             if !status.is_success() {
                 return Err(status_error(doing, status, &body, &token));
             }

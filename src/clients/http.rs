@@ -73,18 +73,43 @@ pub fn build_client(
         .map_err(|e| format!("build {service} HTTP client: {e}"))
 }
 
-/// Classifies a transport failure (no HTTP status): always transient.
-pub fn transport_error(doing: impl std::fmt::Display, e: &reqwest::Error) -> PortError {
-    // reqwest's Display includes the URL; our URLs never carry a token (tokens travel in
-    // headers only), so the URL is safe to show and helps the operator.
+/// Classifies a transport failure (no HTTP status): always transient. One line: what was
+/// being done, the service and its address, and the root cause once.
+pub fn transport_error(
+    service: &str,
+    doing: impl std::fmt::Display,
+    e: &reqwest::Error,
+) -> PortError {
     let what = if e.is_timeout() {
         "timed out"
     } else if e.is_connect() {
-        "connection failed"
+        "cannot connect"
     } else {
         "request failed"
     };
-    PortError::new(ErrorClass::Transient, format!("{doing}: {what}: {e}"))
+    let doing = doing.to_string();
+    let origin = e.url().map(|u| u.origin().ascii_serialization());
+    // Said once: a caller that talks to several instances (Forgejo) names the one already.
+    let whom = match origin {
+        Some(origin) if !doing.contains(&origin) => format!("{service} at {origin}: "),
+        _ => String::new(),
+    };
+    PortError::new(
+        ErrorClass::Transient,
+        format!("{doing}: {whom}{what}: {}", root_cause(e)),
+    )
+}
+
+/// The innermost error of a chain: the one that says why. HTTP stacks wrap a refused
+/// connection in three or four layers that each repeat their source's text after their own,
+/// so printing the chain says the cause four times; the outer layers add nothing an operator
+/// acts on once the caller has said what it was doing and to which address.
+pub fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut innermost = e;
+    while let Some(source) = innermost.source() {
+        innermost = source;
+    }
+    innermost.to_string()
 }
 
 /// A 3xx answer to a request that carries a token: the clients do not follow redirects (see

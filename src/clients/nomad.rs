@@ -408,7 +408,7 @@ impl NomadClient {
         let response = request
             .send()
             .await
-            .map_err(|e| transport_error(doing, &e))?;
+            .map_err(|e| transport_error("Nomad", doing, &e))?;
         let status = response.status();
         if status.is_success() {
             return Ok(response);
@@ -430,7 +430,7 @@ impl NomadClient {
         let bytes = response
             .bytes()
             .await
-            .map_err(|e| transport_error(doing, &e))?;
+            .map_err(|e| transport_error("Nomad", doing, &e))?;
         serde_json::from_slice(&bytes).map_err(|e| {
             PortError::new(
                 ErrorClass::Malformed,

@@ -101,6 +101,8 @@ impl std::fmt::Debug for AppSecret {
 pub struct VaultKv {
     client: VaultClient,
     mount: String,
+    /// `scheme://host:port` of Vault, for errors.
+    origin: String,
 }
 
 impl VaultKv {
@@ -169,7 +171,11 @@ impl VaultKv {
             },
             REQUEST_TIMEOUT_DEFAULT,
         )?;
-        Ok(VaultKv { client, mount })
+        Ok(VaultKv {
+            client,
+            mount,
+            origin: settings.addr.origin().ascii_serialization(),
+        })
     }
 
     pub fn mount(&self) -> &str {
@@ -179,7 +185,10 @@ impl VaultKv {
     /// The `data.data` map of the latest version of the secret at `path`.
     async fn read_secret(&self, path: &str) -> Result<Map<String, Value>, PortError> {
         let path = path.trim_matches('/');
-        let doing = format!("read Vault secret {path} (mount {})", self.mount);
+        let doing = format!(
+            "read Vault secret {path} (mount {}) at {}",
+            self.mount, self.origin
+        );
         if path.is_empty()
             || path
                 .split('/')
@@ -330,19 +339,22 @@ fn vault_error(doing: &str, e: VaultError) -> PortError {
                 status_error(doing, code, &detail)
             }
             Rest::RequestError { source, .. } => {
+                // A transport failure carries no response, so no secret: its root cause (a
+                // refused connection, a certificate) is what the operator needs.
                 let cause = source
                     .downcast_ref::<reqwest::Error>()
                     .map(|e| {
                         if e.is_timeout() {
                             "timed out"
                         } else if e.is_connect() {
-                            "connection failed"
+                            "cannot connect"
                         } else {
                             "request failed"
                         }
                     })
                     .unwrap_or("request failed");
-                PortError::new(ErrorClass::Transient, format!("{doing}: {cause}"))
+                let root = crate::clients::http::root_cause(source.as_ref());
+                PortError::new(ErrorClass::Transient, format!("{doing}: {cause}: {root}"))
             }
             Rest::ResponseError { .. } => PortError::new(
                 ErrorClass::Transient,

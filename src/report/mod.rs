@@ -493,6 +493,36 @@ pub fn log_judgements(judgements: &[Judgement]) {
 }
 
 /// The one line per tick.
+/// Shadow mode (`run --dry-run`): what the tick would have done, a line each, then the tick.
+pub fn log_shadow_tick(view: &TickView) {
+    for d in &view.dispatches {
+        info!(
+            repo = %d.repo,
+            labels = %d.labels,
+            parent = %d.parent,
+            "shadow mode: would dispatch a runner"
+        );
+    }
+    for r in view.reaps.iter().filter(|r| r.outcome != "kept") {
+        info!(
+            child = %r.child,
+            nomination = r.nomination,
+            verdict = r.verdict,
+            decision = r.outcome,
+            "shadow mode: would take back: {}", r.reason
+        );
+    }
+    for p in &view.purges {
+        info!(child = %p.child, "shadow mode: would purge");
+    }
+    info!(
+        "shadow poll complete queued={} active={} would_dispatch={}",
+        view.queued,
+        view.active,
+        view.dispatches.len()
+    );
+}
+
 pub fn log_tick(view: &TickView) {
     info!(
         "poll complete queued={} active={} started={}",

@@ -583,8 +583,14 @@ pub async fn run_world(options: WorldOptions) -> Result<WorldSummary, String> {
     let daemon = tokio::spawn({
         let shutdown = shutdown(stop_rx.clone());
         async move {
-            crate::control_loop::run(controller, config_rx, &crate::clock::SystemClock, shutdown)
-                .await;
+            crate::control_loop::run(
+                controller,
+                config_rx,
+                &crate::clock::SystemClock,
+                false,
+                shutdown,
+            )
+            .await;
         }
     });
 

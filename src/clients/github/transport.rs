@@ -16,7 +16,7 @@ use octocrab::Octocrab;
 use secrecy::{ExposeSecret, SecretString};
 use url::Url;
 
-use crate::clients::http::install_crypto_provider;
+use crate::clients::http::{install_crypto_provider, root_cause};
 use crate::model::{ErrorClass, RATE_LIMIT_WAIT_MAX_S};
 use crate::observe::PortError;
 
@@ -172,7 +172,11 @@ impl Transport {
             // the request headers nor a body.
             Ok(Err(e)) => Err(PortError::new(
                 ErrorClass::Transient,
-                format!("{doing}: request failed: {}", describe_transport_error(&e)),
+                format!(
+                    "{doing}: GitHub at {}: request failed: {}",
+                    self.api_url.origin().ascii_serialization(),
+                    root_cause(&e)
+                ),
             )),
             Err(_) => Err(PortError::new(
                 ErrorClass::Transient,
@@ -180,17 +184,6 @@ impl Transport {
             )),
         }
     }
-}
-
-fn describe_transport_error(e: &octocrab::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// The `x-ratelimit-*` headers of one answer.
