@@ -178,6 +178,14 @@ pub struct DaemonArgs {
         hide_env_values = true
     )]
     pub runner_scaler_config_key: String,
+    /// A Consul key that pauses every dispatch while it holds a value other than `false`.
+    #[arg(
+        long,
+        env = "RUNNER_SCALER_PAUSE_KEY",
+        default_value = "runners/paused",
+        hide_env_values = true
+    )]
+    pub pause_key: String,
 
     #[arg(
         long,
@@ -319,6 +327,10 @@ impl DaemonArgs {
                 "--runner-scaler-config-key (RUNNER_SCALER_CONFIG_KEY) must name a Consul key"
                     .to_string(),
             );
+        }
+        if self.pause_key.trim().is_empty() {
+            problems
+                .push("--pause-key (RUNNER_SCALER_PAUSE_KEY) must name a Consul key".to_string());
         }
         if self.default_job.trim().is_empty() {
             problems.push(

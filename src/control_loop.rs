@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures::{FutureExt, StreamExt};
 use rand::RngCore;
-use tracing::{debug, error, warn};
+use tracing::{debug, error, info, warn};
 
 mod takeback;
 
@@ -17,7 +17,7 @@ pub use takeback::{CRASH_BACKOFF_FIRST, CRASH_BACKOFF_MAX, crash_delay};
 
 use crate::act::execute::{ActReport, DispatchOutcome, carry_out};
 use crate::act::{ChildControl, Registrar, Registrars, RunnerRegistry};
-use crate::config::watch::ConfigState;
+use crate::config::watch::{ConfigState, DocumentSource, Fetched};
 use crate::config::{Config, Mode};
 use crate::model::{ChildId, ErrorClass, RATE_LIMIT_WAIT_MAX_S, RepoName};
 use crate::observe::{ChildSource, Gap, PortError, QueueSource, RepoJobs, Snapshot};
@@ -175,6 +175,10 @@ pub struct Memory {
     discovered_at: Option<DateTime<Utc>>,
     /// When each child of ours was first seen placed.
     placed_seen: BTreeMap<ChildId, DateTime<Utc>>,
+    /// Why dispatching is paused by the operator's key, as last read.
+    paused: Option<String>,
+    /// The pause key could not be read, last time it was asked (said once per change).
+    pause_unreadable: Option<String>,
 }
 
 /// Runs ticks over a set of services.
@@ -185,6 +189,8 @@ pub struct Controller {
     rng: Box<dyn RngCore + Send>,
     /// [`plan`], unless a test plugs in a mutant to prove the simulator catches it.
     planner: fn(PlanInput<'_>) -> Plan,
+    /// The operator's pause key and where to read it, read once per tick.
+    pause_key: Option<(String, Arc<dyn DocumentSource>)>,
 }
 
 impl Controller {
@@ -195,6 +201,42 @@ impl Controller {
             memory: Memory::default(),
             rng,
             planner: plan,
+            pause_key: None,
+        }
+    }
+
+    /// Reads `key` from `source` once per tick: while it holds a value other than `false`,
+    /// nothing is dispatched (see [`crate::config::pause`]).
+    pub fn with_pause_key(mut self, key: String, source: Arc<dyn DocumentSource>) -> Self {
+        self.pause_key = Some((key, source));
+        self
+    }
+
+    /// Reads the pause key. A key that cannot be read keeps its last known value: an
+    /// outage of Consul neither pauses CI nor lifts a pause.
+    async fn read_pause_key(&mut self) {
+        let Some((key, source)) = &self.pause_key else {
+            return;
+        };
+        let read = source.fetch(0, std::time::Duration::ZERO).await;
+        let paused = match read {
+            Ok(Fetched::Found { bytes, .. }) => crate::config::pause::pause_reason(key, &bytes),
+            Ok(Fetched::Missing { .. }) => None,
+            Err(e) => {
+                if self.memory.pause_unreadable.as_deref() != Some(e.message.as_str()) {
+                    warn!("the pause key could not be read; keeping its last value: {e}");
+                    self.memory.pause_unreadable = Some(e.message);
+                }
+                return;
+            }
+        };
+        self.memory.pause_unreadable = None;
+        if paused != self.memory.paused {
+            match &paused {
+                Some(why) => warn!("dispatching paused by the operator: {why}"),
+                None => info!("dispatching resumed: the pause key {key} is gone or false"),
+            }
+            self.memory.paused = paused;
         }
     }
 
@@ -229,6 +271,7 @@ impl Controller {
             gaps.push(format!("parents of our children: {}", gap.message));
         }
         self.memory.take_back.learn_from_snapshot(&snapshot, now);
+        self.read_pause_key().await;
         let holds = self.holds(now);
         let plan = (self.planner)(PlanInput {
             config,
@@ -505,6 +548,7 @@ impl Controller {
             }
         }
         holds.crash_backoff = self.memory.take_back.crash_backoff().clone();
+        holds.paused = self.memory.paused.clone();
         holds
     }
 

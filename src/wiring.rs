@@ -103,6 +103,8 @@ impl SecretSource for NoVault {
 pub struct Built {
     pub services: Services,
     pub consul: ConsulKv,
+    /// The operator's pause key (`--pause-key`).
+    pub pause_key: ConsulKv,
     pub loop_settings: LoopSettings,
     pub defaults: ConfigDefaults,
 }
@@ -125,16 +127,15 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
         },
         timeout,
     )?);
-    let consul = ConsulKv::new(
-        &ConsulSettings {
-            address: args.consul_http_addr.clone(),
-            token: read_secret("CONSUL_HTTP_TOKEN")?,
-            ca_cert: args.consul_cacert.clone(),
-            client_cert: args.consul_client_cert.clone(),
-            client_key: args.consul_client_key.clone(),
-        },
-        &args.runner_scaler_config_key,
-    )?;
+    let consul_settings = ConsulSettings {
+        address: args.consul_http_addr.clone(),
+        token: read_secret("CONSUL_HTTP_TOKEN")?,
+        ca_cert: args.consul_cacert.clone(),
+        client_cert: args.consul_client_cert.clone(),
+        client_key: args.consul_client_key.clone(),
+    };
+    let consul = ConsulKv::new(&consul_settings, &args.runner_scaler_config_key)?;
+    let pause_key = ConsulKv::new(&consul_settings, &args.pause_key)?;
     if args.github_app_vault_path.is_some() && args.github_app_private_key_file.is_some() {
         return Err("set GITHUB_APP_PRIVATE_KEY_FILE or GITHUB_APP_VAULT_PATH, not both".into());
     }
@@ -203,6 +204,7 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
     Ok(Built {
         services: Services::of(github, forgejo, nomad),
         consul,
+        pause_key,
         loop_settings: LoopSettings {
             poll_interval: args.poll_interval,
             plan: PlanSettings {
@@ -266,11 +268,13 @@ async fn daemon(args: DaemonArgs, dry_run: bool) -> ExitCode {
         WatchSettings::default(),
         stopped(stop_rx.clone()),
     );
+    let pause_key = built.pause_key.key().to_string();
     let controller = Controller::new(
         built.services,
         built.loop_settings,
         Box::new(StdRng::from_os_rng()),
-    );
+    )
+    .with_pause_key(pause_key, Arc::new(built.pause_key));
     if dry_run {
         info!(
             poll_interval = %humantime::format_duration(args.poll_interval),
@@ -327,11 +331,13 @@ async fn once(args: DaemonArgs, dry_run: bool, json: bool) -> ExitCode {
             return ExitCode::from(EXIT_INVALID as u8);
         }
     };
+    let pause_key = built.pause_key.key().to_string();
     let mut controller = Controller::new(
         built.services,
         built.loop_settings,
         Box::new(StdRng::from_os_rng()),
-    );
+    )
+    .with_pause_key(pause_key, Arc::new(built.pause_key));
     use crate::clock::Clock;
     let view = controller
         .tick(&config, 0, crate::clock::SystemClock.now(), dry_run)

@@ -13,13 +13,16 @@ resource "consul_keys" "runner_config" {
   }
 }
 
-# Read on exactly the document's key: not a prefix, not the rest of KV. (The leader lock,
-# when it exists, will need its own `session` and key rules here.)
+# Read on exactly the document's key and the operator's pause key: not a prefix, not the rest
+# of KV. https://developer.hashicorp.com/consul/docs/security/acl/acl-rules#key-value-rules
 resource "consul_acl_policy" "runner_scaler_config" {
   name        = "runner-scaler-config"
-  description = "runner-scaler reads its document"
+  description = "runner-scaler reads its document and its pause key"
   rules       = <<-EOT
-    key "runners/config" {
+    key "${var.config_key}" {
+      policy = "read"
+    }
+    key "${var.pause_key}" {
       policy = "read"
     }
   EOT

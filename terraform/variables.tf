@@ -4,6 +4,12 @@ variable "config_key" {
   default     = "runners/config"
 }
 
+variable "pause_key" {
+  description = "Consul KV key an operator writes to pause every dispatch (the daemon's RUNNER_SCALER_PAUSE_KEY)."
+  type        = string
+  default     = "runners/paused"
+}
+
 variable "config_file" {
   description = "The document written to config_key on first apply; later edits are made in Consul and not reverted (see consul.tf)."
   type        = string

@@ -5,6 +5,7 @@
 //! whose implicit semantics (BRIEF "Semantics the document leaves implicit") are resolved.
 
 pub mod parse;
+pub mod pause;
 pub mod watch;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -202,9 +202,20 @@ fn world() -> impl Strategy<Value = World> {
         prop::option::weighted(0.2, (0..PARENTS.len(), 0..REPOS.len())),
         prop::option::weighted(0.2, 0..REPOS.len()),
         prop::option::of(0u32..8),
+        prop::bool::weighted(0.1),
     )
         .prop_map(
-            |(in_doc, configs, queues, known_urls, listings, parent_holds, repo_holds, cap)| {
+            |(
+                in_doc,
+                configs,
+                queues,
+                known_urls,
+                listings,
+                parent_holds,
+                repo_holds,
+                cap,
+                paused,
+            )| {
                 let mut config = Config::default();
                 let configs = [configs.0, configs.1, configs.2];
                 for (present, repo) in in_doc.into_iter().zip(configs) {
@@ -246,6 +257,9 @@ fn world() -> impl Strategy<Value = World> {
                 }
                 if let Some(r) = repo_holds {
                     holds.repos.insert(repo_name(r), "minting refused".into());
+                }
+                if paused {
+                    holds.paused = Some("runners/paused is set".into());
                 }
                 World {
                     config,

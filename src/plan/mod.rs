@@ -56,6 +56,8 @@ pub struct Holds {
     pub repos: BTreeMap<RepoName, String>,
     /// Buckets backing off after failed starts.
     pub crash_backoff: BTreeMap<BucketKey, CrashBackoff>,
+    /// Why every dispatch is paused (the operator's pause key), if it is.
+    pub paused: Option<String>,
 }
 
 /// Everything the planner reads.
@@ -75,6 +77,8 @@ pub enum HoldReason {
     Satisfied,
     /// The repo's `maxConcurrent` is 0.
     Paused,
+    /// The operator's pause key stops every dispatch.
+    PausedByOperator(String),
     ProfileCap,
     RepoCap,
     GlobalCap,
@@ -108,6 +112,7 @@ impl fmt::Display for HoldReason {
         match self {
             HoldReason::Satisfied => f.write_str("in-flight runners cover demand"),
             HoldReason::Paused => f.write_str("repo paused (maxConcurrent 0)"),
+            HoldReason::PausedByOperator(why) => write!(f, "paused: {why}"),
             HoldReason::ProfileCap => f.write_str("profile cap reached"),
             HoldReason::RepoCap => f.write_str("repo cap reached"),
             HoldReason::GlobalCap => f.write_str("global cap (--max-in-flight) reached"),
@@ -802,6 +807,9 @@ fn hold_before_caps(
         && let Some(gap) = &facts.global_gap
     {
         return Some(HoldReason::InFlightUnknown(gap.clone()));
+    }
+    if let Some(why) = &facts.holds.paused {
+        return Some(HoldReason::PausedByOperator(why.clone()));
     }
     if repo.max_concurrent == 0 {
         return Some(HoldReason::Paused);

@@ -436,6 +436,9 @@ fn hold_before_caps(
     {
         return Some(HoldReason::InFlightUnknown(gap.to_string()));
     }
+    if let Some(why) = &holds.paused {
+        return Some(HoldReason::PausedByOperator(why.clone()));
+    }
     if repo.max_concurrent == 0 {
         return Some(HoldReason::Paused);
     }

@@ -864,3 +864,35 @@ fn a_wider_runner_counted_for_a_narrower_job_is_not_surplus() {
         needed.nominations
     );
 }
+
+#[test]
+fn the_operators_pause_stops_every_dispatch_and_nothing_else() {
+    let mut w = World::new(vec![app_repo("acme/api", 3), app_repo("acme/web", 3)]);
+    w.queued("acme/api", SH, 10)
+        .queued("acme/web", SH, 5)
+        .child(
+            "ci-runner",
+            "acme/api",
+            SH,
+            "r1",
+            ChildStatus::Dead,
+            Placement::Finished,
+        );
+    assert_eq!(
+        w.plan().dispatches.len(),
+        2,
+        "unpaused, both repos get a runner"
+    );
+    w.holds.paused = Some("runners/paused is set: incident 123".into());
+    let p = w.plan();
+    assert!(p.dispatches.is_empty());
+    for repo in ["acme/api", "acme/web"] {
+        assert_eq!(
+            bucket(&p, repo, SH).reason,
+            Some(HoldReason::PausedByOperator(
+                "runners/paused is set: incident 123".into()
+            ))
+        );
+    }
+    assert_eq!(p.purges.len(), 1, "dead children are still purged");
+}
