@@ -82,6 +82,14 @@ pub enum Command {
         daemon: Box<DaemonArgs>,
         #[arg(long)]
         json: bool,
+        /// Where the running daemon serves `/status` (its `--listen` address). When no daemon
+        /// answers there, a fresh dry-run tick is shown instead, and it says so.
+        #[arg(
+            long,
+            env = "RUNNER_SCALER_STATUS_ADDR",
+            default_value = "http://127.0.0.1:9464"
+        )]
+        addr: Url,
     },
     /// Work with the Consul document.
     Config {

@@ -19,7 +19,7 @@ use crate::act::execute::{ActReport, DispatchOutcome, carry_out};
 use crate::act::{ChildControl, Registrar, Registrars, RunnerRegistry};
 use crate::config::watch::{ConfigState, DocumentSource, Fetched};
 use crate::config::{Config, Mode};
-use crate::model::{ChildId, ErrorClass, RATE_LIMIT_WAIT_MAX_S, RepoName};
+use crate::model::{BucketKey, ChildId, ErrorClass, RATE_LIMIT_WAIT_MAX_S, RepoName};
 use crate::observe::{ChildSource, Gap, PortError, QueueSource, RepoJobs, Snapshot};
 use crate::plan::{Holds, Plan, PlanInput, PlanSettings, plan};
 use crate::report::{self, TickView};
@@ -179,6 +179,8 @@ pub struct Memory {
     paused: Option<String>,
     /// The pause key could not be read, last time it was asked (said once per change).
     pause_unreadable: Option<String>,
+    /// When each bucket last got a runner.
+    last_dispatch: BTreeMap<BucketKey, DateTime<Utc>>,
 }
 
 /// Runs ticks over a set of services.
@@ -191,6 +193,8 @@ pub struct Controller {
     planner: fn(PlanInput<'_>) -> Plan,
     /// The operator's pause key and where to read it, read once per tick.
     pause_key: Option<(String, Arc<dyn DocumentSource>)>,
+    /// Where each tick's view goes for the live status (`GET /status`).
+    published: Option<tokio::sync::watch::Sender<Option<TickView>>>,
 }
 
 impl Controller {
@@ -202,7 +206,18 @@ impl Controller {
             rng,
             planner: plan,
             pause_key: None,
+            published: None,
         }
+    }
+
+    /// Publishes every tick's view on `tx`: what the running daemon knows (its backoffs,
+    /// holds and readings), which a fresh dry-run tick in another process cannot.
+    pub fn with_status_publisher(
+        mut self,
+        tx: tokio::sync::watch::Sender<Option<TickView>>,
+    ) -> Self {
+        self.published = Some(tx);
+        self
     }
 
     /// Reads `key` from `source` once per tick: while it holds a value other than `false`,
@@ -312,7 +327,9 @@ impl Controller {
             }
         }
         if dry_run {
-            return TickView::new(&plan, &judgements, None, gaps);
+            let mut view = TickView::new(&plan, &judgements, None, gaps);
+            self.annotate(&mut view, &plan, &snapshot, now);
+            return view;
         }
         let act = carry_out(
             &plan,
@@ -327,9 +344,37 @@ impl Controller {
         self.learn_from(&act, config_version, now);
         self.memory.take_back.learn_from_reaps(&act.reaps, now);
         report::log_act(&act);
-        let view = TickView::new(&plan, &judgements, Some(&act), gaps);
+        let mut view = TickView::new(&plan, &judgements, Some(&act), gaps);
+        self.annotate(&mut view, &plan, &snapshot, now);
         report::log_tick(&view);
         view
+    }
+
+    /// Adds to a tick's view what the loop remembers and the plan does not carry, and
+    /// publishes it for the live status.
+    fn annotate(&self, view: &mut TickView, plan: &Plan, snapshot: &Snapshot, now: DateTime<Utc>) {
+        view.at = Some(now);
+        view.paused = self.memory.paused.clone();
+        view.foreign_children = snapshot
+            .parents
+            .values()
+            .flatten()
+            .flatten()
+            .filter(|c| !c.ours)
+            .count() as u32;
+        let backoffs = self.memory.take_back.crash_backoff();
+        // The view's buckets are the plan's, in the same order.
+        for (bucket, planned) in view.buckets.iter_mut().zip(&plan.buckets) {
+            let key = &planned.key;
+            bucket.last_dispatch_at = self.memory.last_dispatch.get(key).copied();
+            bucket.crash_backoff = backoffs.get(key).map(|b| report::BackoffView {
+                failed_starts: b.failed_starts,
+                next_dispatch_at: b.next_dispatch_at,
+            });
+        }
+        if let Some(tx) = &self.published {
+            tx.send_replace(Some(view.clone()));
+        }
     }
 
     async fn observe(
@@ -556,6 +601,7 @@ impl Controller {
         for outcome in &act.dispatches {
             match outcome {
                 DispatchOutcome::Dispatched { bucket, parent, .. } => {
+                    self.memory.last_dispatch.insert(bucket.clone(), now);
                     // Listed from the next tick on even if the document drops it meanwhile.
                     self.memory.lingering_parents.insert(parent.clone());
                     self.memory.take_back.probe_dispatched(bucket, now);

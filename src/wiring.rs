@@ -79,7 +79,7 @@ pub fn run_command(command: Command, log_format: LogFormat) -> ExitCode {
             dry_run,
             json,
         } => runtime().block_on(once(*daemon, dry_run, json)),
-        Command::Status { daemon, json } => runtime().block_on(once(*daemon, true, json)),
+        Command::Status { daemon, json, addr } => runtime().block_on(status(*daemon, json, addr)),
         Command::Simulate(args) => simulate(args),
         Command::Config { .. } => unreachable!("handled in main"),
     }
@@ -300,6 +300,56 @@ async fn daemon(args: DaemonArgs, dry_run: bool) -> ExitCode {
     let _ = watcher.await;
     info!("runner-scaler stopped");
     ExitCode::SUCCESS
+}
+
+/// How long `status` waits for the running daemon before showing a dry-run tick instead.
+const LIVE_STATUS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// `status`: the running daemon's own view (`GET /status` at `addr`), or, when none answers,
+/// a fresh dry-run tick, saying that it cannot know the daemon's backoffs and readings.
+async fn status(args: DaemonArgs, json: bool, addr: url::Url) -> ExitCode {
+    match live_status(&addr, json).await {
+        Ok(body) => {
+            print!("{body}");
+            if json {
+                println!();
+            }
+            ExitCode::SUCCESS
+        }
+        Err(why) => {
+            eprintln!(
+                "no daemon answered at {addr} ({why}); showing a fresh dry-run tick instead, \
+                 which cannot know a running daemon's backoffs, holds or readings"
+            );
+            once(args, true, json).await
+        }
+    }
+}
+
+/// The live status as the daemon renders it: JSON, or the text table.
+async fn live_status(addr: &url::Url, json: bool) -> Result<String, String> {
+    let client = crate::clients::http::build_client(
+        "runner-scaler",
+        &TlsFiles::default(),
+        LIVE_STATUS_TIMEOUT,
+    )?;
+    let mut url = addr.join("status").map_err(|e| e.to_string())?;
+    if !json {
+        url.set_query(Some("format=text"));
+    }
+    let doing = format!("read the status at {}", url.path());
+    let response =
+        client.get(url).send().await.map_err(|e| {
+            crate::clients::http::transport_error("runner-scaler", &doing, &e).message
+        })?;
+    let status = response.status();
+    if !status.is_success() {
+        return Err(format!("{doing}: {status}"));
+    }
+    response
+        .text()
+        .await
+        .map_err(|e| crate::clients::http::transport_error("runner-scaler", &doing, &e).message)
 }
 
 /// `once` and `status`: read the document once, run one tick (acting unless `dry_run`).

@@ -3,6 +3,9 @@
 //! Nothing here ever receives a secret: outcomes carry runner names, child ids and classified
 //! error messages, and the registration token stays inside the act step.
 
+pub mod live;
+
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tracing::{debug, info, warn};
 
@@ -26,6 +29,16 @@ pub struct BucketView {
     pub to_dispatch: u32,
     pub reason: Option<String>,
     pub oldest_wait_s: Option<u64>,
+    /// When the daemon last dispatched a runner for the bucket (since it started).
+    pub last_dispatch_at: Option<DateTime<Utc>>,
+    /// The bucket's crash-loop backoff, while its runners keep failing to start.
+    pub crash_backoff: Option<BackoffView>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct BackoffView {
+    pub failed_starts: u32,
+    pub next_dispatch_at: DateTime<Utc>,
 }
 
 impl From<&BucketPlan> for BucketView {
@@ -43,6 +56,8 @@ impl From<&BucketPlan> for BucketView {
             to_dispatch: b.to_dispatch,
             reason: b.reason.as_ref().map(ToString::to_string),
             oldest_wait_s: b.oldest_wait_s,
+            last_dispatch_at: None,
+            crash_backoff: None,
         }
     }
 }
@@ -120,6 +135,13 @@ pub struct TickView {
     pub gaps: Vec<String>,
     /// Why nothing could be planned at all (no valid document).
     pub idle_reason: Option<String>,
+    /// When the tick ran.
+    pub at: Option<DateTime<Utc>>,
+    /// Why every dispatch is paused by the operator's key, if it is.
+    pub paused: Option<String>,
+    /// Children of the parents we list that are not ours (dispatched by hand): shown, never
+    /// counted or touched.
+    pub foreign_children: u32,
 }
 
 impl TickView {
@@ -185,6 +207,9 @@ impl TickView {
             stopped,
             gaps,
             idle_reason: None,
+            at: None,
+            paused: None,
+            foreign_children: 0,
         }
     }
 
@@ -194,6 +219,9 @@ impl TickView {
         let mut out = String::new();
         if let Some(why) = &self.idle_reason {
             let _ = writeln!(out, "nothing planned: {why}");
+        }
+        if let Some(why) = &self.paused {
+            let _ = writeln!(out, "paused: {why}");
         }
         let _ = writeln!(
             out,
@@ -233,6 +261,18 @@ impl TickView {
                 b.reason.as_deref().unwrap_or("")
             );
         }
+        for b in &self.buckets {
+            if let Some(backoff) = &b.crash_backoff {
+                let _ = writeln!(
+                    out,
+                    "crash loop {} [{}]: {} failed start(s) in a row; next dispatch at {}",
+                    b.repo,
+                    b.labels,
+                    backoff.failed_starts,
+                    backoff.next_dispatch_at.to_rfc3339()
+                );
+            }
+        }
         for r in &self.reaps {
             let _ = writeln!(
                 out,
@@ -252,6 +292,13 @@ impl TickView {
         }
         for g in &self.gaps {
             let _ = writeln!(out, "unknown: {g}");
+        }
+        if self.foreign_children > 0 {
+            let _ = writeln!(
+                out,
+                "{} foreign child(ren) (not dispatched by runner-scaler): shown, never touched",
+                self.foreign_children
+            );
         }
         out
     }
