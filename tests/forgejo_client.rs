@@ -1,6 +1,8 @@
 //! The Forgejo client against the Forgejo twin, with its API token read from the Vault twin by
 //! the real Vault client, all over loopback HTTP.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -86,6 +88,7 @@ fn forgejo_repo(base_url: &str, labels: &[&str]) -> RepoConfig {
         default_job: None,
         labels: Some(labels.iter().map(|l| l.to_lowercase()).collect()),
         search_labels_as_written: labels.iter().map(|l| l.to_string()).collect(),
+        credential: Default::default(),
     }
 }
 
@@ -288,12 +291,17 @@ async fn the_version_is_checked_once_per_instance() {
 async fn mint_returns_the_registration_token_sent_with_a_lower_case_token_header() {
     let world = World::new().await;
     let repo = world.repo(&["build"]);
-    let minted = world.client.mint(&repo).await.unwrap().unwrap();
+    let minted = world
+        .client
+        .mint(&repo, support::TestRunner::any().identity())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
-        Some(minted.0.expose_secret().to_string()),
+        Some(minted.plain().expose_secret().to_string()),
         world.forgejo.registration_token(REPO)
     );
-    assert!(!format!("{minted:?}").contains(minted.0.expose_secret()));
+    assert!(!format!("{minted:?}").contains(minted.plain().expose_secret()));
     world.client.list_jobs(&repo).await.unwrap();
 
     let requests = world.forgejo.requests();
@@ -375,10 +383,18 @@ async fn a_401_on_a_cached_token_reads_the_token_from_vault_again_once() {
 
     // A token fresh from Vault that is refused is neither retried nor kept.
     world.forgejo.revoke_token("forgejo-api-token-two");
-    world.client.mint(&repo).await.unwrap_err();
+    world
+        .client
+        .mint(&repo, support::TestRunner::any().identity())
+        .await
+        .unwrap_err();
     let reads_before = world.vault.requests_for(&vault_path).len();
     let mints_before = world.forgejo.requests().len();
-    let err = world.client.mint(&repo).await.unwrap_err();
+    let err = world
+        .client
+        .mint(&repo, support::TestRunner::any().identity())
+        .await
+        .unwrap_err();
     assert_eq!(err.class, ErrorClass::Unauthorized);
     assert_eq!(
         world.vault.requests_for(&vault_path).len(),
@@ -412,7 +428,11 @@ async fn refusals_and_outages_are_classified_and_name_repo_and_instance() {
 
     world.forgejo.revoke_token(API_TOKEN);
     world.forgejo.add_token_for(API_TOKEN, &["alex/other"]);
-    let err = world.client.mint(&repo).await.unwrap_err();
+    let err = world
+        .client
+        .mint(&repo, support::TestRunner::any().identity())
+        .await
+        .unwrap_err();
     assert_eq!(err.class, ErrorClass::Forbidden);
     assert!(err.message.starts_with(&format!(
         "get a runner registration token for {REPO} at {base}: 403 Forbidden"
@@ -480,7 +500,11 @@ async fn later_fields_are_tolerated_and_malformed_bodies_are_malformed() {
     assert_eq!(jobs.jobs[0].id, 7);
     assert_eq!(jobs.jobs[0].state, JobState::Queued);
 
-    let err = world.client.mint(&repo).await.unwrap_err();
+    let err = world
+        .client
+        .mint(&repo, support::TestRunner::any().identity())
+        .await
+        .unwrap_err();
     assert_eq!(err.class, ErrorClass::Malformed);
     assert!(
         !err.message.contains("reg-token-secret-value"),
@@ -496,6 +520,10 @@ async fn later_fields_are_tolerated_and_malformed_bodies_are_malformed() {
         err.message
             .starts_with("list runner jobs for alex/s3-orchestrator")
     );
-    let err = world.client.mint(&repo).await.unwrap_err();
+    let err = world
+        .client
+        .mint(&repo, support::TestRunner::any().identity())
+        .await
+        .unwrap_err();
     assert_eq!(err.class, ErrorClass::Malformed);
 }

@@ -2,6 +2,8 @@
 //! too), Vault reads, Forgejo job listings and registration-token mints, successful and
 //! failing, leave no secret in the output or in an error message.
 
+mod support;
+
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -103,6 +105,7 @@ async fn no_secret_reaches_the_logs_or_an_error_at_trace_level() {
         default_job: None,
         labels: Some(BTreeSet::from(["build".to_string()])),
         search_labels_as_written: BTreeSet::from(["build".to_string()]),
+        credential: Default::default(),
     };
 
     let mut errors: Vec<String> = Vec::new();
@@ -116,9 +119,13 @@ async fn no_secret_reaches_the_logs_or_an_error_at_trace_level() {
     let read = kv.read_field("forgejo/scaler", "token").await.unwrap();
     assert_eq!(read.expose_secret(), API_TOKEN);
     assert_eq!(client.list_jobs(&repo).await.unwrap().jobs.len(), 1);
-    let minted = client.mint(&repo).await.unwrap().unwrap();
+    let minted = client
+        .mint(&repo, support::TestRunner::any().identity())
+        .await
+        .unwrap()
+        .unwrap();
     let registration = forgejo.registration_token(REPO).unwrap();
-    assert_eq!(minted.0.expose_secret(), registration);
+    assert_eq!(minted.plain().expose_secret(), registration);
 
     // Failures whose responses or requests are near a secret.
     note(kv.read_field("forgejo/scaler", "missing").await.map(drop));
@@ -134,11 +141,21 @@ async fn no_secret_reaches_the_logs_or_an_error_at_trace_level() {
     forgejo.add_token(ROTATED_API_TOKEN);
     assert_eq!(client.list_jobs(&repo).await.unwrap().jobs.len(), 1);
     forgejo.revoke_token(ROTATED_API_TOKEN);
-    note(client.mint(&repo).await.map(drop));
+    note(
+        client
+            .mint(&repo, support::TestRunner::any().identity())
+            .await
+            .map(drop),
+    );
     forgejo.add_token_for(ROTATED_API_TOKEN, &["alex/other"]);
     note(client.list_jobs(&repo).await.map(drop));
     forgejo.set_outage(true);
-    note(client.mint(&repo).await.map(drop));
+    note(
+        client
+            .mint(&repo, support::TestRunner::any().identity())
+            .await
+            .map(drop),
+    );
     vault.set_sealed(true);
     note(kv.read_field("forgejo/scaler", "token").await.map(drop));
 

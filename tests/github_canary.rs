@@ -1,6 +1,8 @@
 //! Canary: with every log line down to TRACE captured (ours, octocrab's, hyper's, the twin's),
 //! no token, JWT or private-key line appears in the logs or in any error message.
 
+mod support;
+
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -61,6 +63,7 @@ fn repo(name: &str, mode: Mode) -> RepoConfig {
         default_job: None,
         labels: None,
         search_labels_as_written: Default::default(),
+        credential: Default::default(),
     }
 }
 
@@ -110,12 +113,24 @@ async fn no_secret_reaches_a_log_line_or_an_error() {
     let mut errors = Vec::new();
     let mut minted = Vec::new();
     assert_eq!(client.list_jobs(&app_repo).await.unwrap().jobs.len(), 1);
-    minted.push(client.mint(&app_repo).await.unwrap().unwrap());
+    minted.push(
+        client
+            .mint(&app_repo, support::TestRunner::any().identity())
+            .await
+            .unwrap()
+            .unwrap(),
+    );
     assert_eq!(client.list_jobs(&vault_repo).await.unwrap().jobs.len(), 1);
     // A revoked token: 401, re-mint, success.
     twin.revoke_installation_tokens();
     client.list_jobs(&app_repo).await.unwrap();
-    minted.push(client.mint(&app_repo).await.unwrap().unwrap());
+    minted.push(
+        client
+            .mint(&app_repo, support::TestRunner::any().identity())
+            .await
+            .unwrap()
+            .unwrap(),
+    );
     // Failures of every kind, whose messages are checked too.
     errors.push(
         client
@@ -145,7 +160,7 @@ async fn no_secret_reaches_a_log_line_or_an_error() {
 
     let mut secrets: Vec<String> = twin.issued_secrets();
     assert!(secrets.iter().filter(|s| s.starts_with("ghs_")).count() >= 3);
-    secrets.extend(minted.iter().map(|t| t.0.expose_secret().to_string()));
+    secrets.extend(minted.iter().map(|t| t.plain().expose_secret().to_string()));
     secrets.push(PAT.to_string());
     secrets.extend(
         TEST_APP_PRIVATE_KEY_PEM

@@ -1,5 +1,7 @@
 //! The GitHub client against the GitHub twin over loopback HTTP.
 
+mod support;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -93,6 +95,7 @@ fn app_repo(name: &str) -> RepoConfig {
         default_job: Some("ci-runner".to_string()),
         labels: None,
         search_labels_as_written: Default::default(),
+        credential: Default::default(),
     }
 }
 
@@ -125,8 +128,13 @@ async fn every_token_names_one_repo_and_one_permission() {
     for name in ["acme/api", "acme/web"] {
         let repo = app_repo(name);
         assert_eq!(w.client.list_jobs(&repo).await.unwrap().jobs.len(), 1);
-        let token = w.client.mint(&repo).await.unwrap().expect("app mode mints");
-        assert!(!token.0.expose_secret().is_empty());
+        let token = w
+            .client
+            .mint(&repo, support::TestRunner::any().identity())
+            .await
+            .unwrap()
+            .expect("app mode mints");
+        assert!(!token.plain().expose_secret().is_empty());
     }
 
     let requests = w.twin.token_requests();
@@ -163,7 +171,9 @@ async fn every_token_names_one_repo_and_one_permission() {
             repo
         };
         assert_eq!(grant.repositories, Some(vec![repo]), "{entry:?}");
-        let wanted = if entry.endpoint.contains("registration-token") {
+        let wanted = if entry.endpoint.contains("registration-token")
+            || entry.endpoint.contains("generate-jitconfig")
+        {
             ("administration", "write")
         } else {
             ("actions", "read")
@@ -416,7 +426,11 @@ async fn tokens_and_installations_are_reused_across_ticks() {
     w.twin.add_run(&repo.repo, vec![vec!["self-hosted"]]);
     for _ in 0..2 {
         w.client.list_jobs(&repo).await.unwrap();
-        w.client.mint(&repo).await.unwrap().unwrap();
+        w.client
+            .mint(&repo, support::TestRunner::any().identity())
+            .await
+            .unwrap()
+            .unwrap();
     }
     assert_eq!(count(&w.twin, ACCESS_TOKENS), 2, "one per permission");
     assert_eq!(count(&w.twin, REPO_INSTALLATION), 1);
@@ -528,7 +542,13 @@ async fn vault_mode_polls_with_the_vault_token_and_never_mints() {
     );
     for _ in 0..2 {
         assert_eq!(w.client.list_jobs(&repo).await.unwrap().jobs.len(), 1);
-        assert!(w.client.mint(&repo).await.unwrap().is_none());
+        assert!(
+            w.client
+                .mint(&repo, support::TestRunner::any().identity())
+                .await
+                .unwrap()
+                .is_none()
+        );
     }
     assert_eq!(w.vault.reads(), 1, "the polling token is cached");
     assert!(w.twin.token_requests().is_empty());
@@ -572,7 +592,10 @@ async fn requests_carry_githubs_headers() {
     let repo = app_repo("acme/api");
     w.twin.add_run(&repo.repo, vec![vec!["self-hosted"]]);
     w.client.list_jobs(&repo).await.unwrap();
-    w.client.mint(&repo).await.unwrap();
+    w.client
+        .mint(&repo, support::TestRunner::any().identity())
+        .await
+        .unwrap();
     let log = w.twin.request_log();
     assert!(log.len() >= 5);
     for entry in log {

@@ -14,7 +14,7 @@ use axum::routing::{get, post};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use runner_scaler::act::Registrar;
 use runner_scaler::clients::github::{AppCredentials, GitHub, GitHubSettings};
-use runner_scaler::config::{Mode, RepoConfig};
+use runner_scaler::config::{CredentialKind, Mode, RepoConfig};
 use runner_scaler::model::{ErrorClass, RepoName};
 use runner_scaler::observe::{JobState, PortError, QueueSource};
 use runner_scaler::secrets::{ExposeSecret, SecretSource, SecretString};
@@ -601,6 +601,15 @@ fn verbatim_router(job_listings: Arc<Mutex<Vec<String>>>) -> Router {
                 )
             }),
         )
+        .route(
+            "/repos/octo-org/octo-repo/actions/runners/generate-jitconfig",
+            post(move || async move {
+                json_reply(
+                    StatusCode::CREATED,
+                    fixture_text("generate-jitconfig.response.json"),
+                )
+            }),
+        )
 }
 
 #[tokio::test]
@@ -627,6 +636,7 @@ async fn the_client_reads_the_documentation_examples() {
         default_job: None,
         labels: None,
         search_labels_as_written: Default::default(),
+        credential: Default::default(),
     };
     let jobs = client.list_jobs(&repo).await.unwrap();
     assert_eq!(
@@ -646,8 +656,29 @@ async fn the_client_reads_the_documentation_examples() {
         ["/repos/octo-org/octo-repo/actions/runs/30433642/jobs?filter=latest&per_page=100"],
         "a run listed as queued and in progress is walked once"
     );
-    let token = client.mint(&repo).await.unwrap().unwrap();
-    assert_eq!(token.0.expose_secret(), "LLBF3JGZDX3P5PMEXLND6TS6FCWO6");
+    // The documentation's JIT example registers "New runner" with four labels.
+    let runner = support::TestRunner::new("New runner", &["self-hosted", "X64", "macOS", "no-gpu"]);
+    let jit = client
+        .mint(&repo, runner.identity())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(jit.plain().expose_secret(), "abc123");
+    assert_eq!(jit.runner_id(), Some(23));
+    let registration_repo = RepoConfig {
+        credential: CredentialKind::Registration,
+        ..repo.clone()
+    };
+    let token = client
+        .mint(&registration_repo, runner.identity())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        token.plain().expose_secret(),
+        "LLBF3JGZDX3P5PMEXLND6TS6FCWO6"
+    );
+    assert_eq!(token.runner_id(), None);
     assert_eq!(
         client.repo_url(&repo),
         format!("{}/octo-org/octo-repo", server.base_url())

@@ -12,7 +12,9 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::IntoResponse;
 use chrono::{DateTime, Utc};
 use runner_scaler::act::execute::{PurgeOutcome, carry_out};
-use runner_scaler::act::{ChildControl, DispatchRequest, Dispatched, Registrar, RegistrationToken};
+use runner_scaler::act::{
+    ChildControl, Credential, DispatchRequest, Dispatched, Registrar, RunnerIdentity,
+};
 use runner_scaler::clients::github::{GitHub, GitHubSettings};
 use runner_scaler::clients::http::TlsFiles;
 use runner_scaler::clients::nomad::{NomadClient, NomadSettings};
@@ -131,6 +133,7 @@ fn vault_repo(name: &str) -> RepoConfig {
         default_job: Some("ci-runner".into()),
         labels: None,
         search_labels_as_written: Default::default(),
+        credential: Default::default(),
     }
 }
 
@@ -323,9 +326,13 @@ struct MintsForAppRepos(MemoryWorld);
 
 #[async_trait]
 impl Registrar for MintsForAppRepos {
-    async fn mint(&self, repo: &RepoConfig) -> Result<Option<RegistrationToken>, PortError> {
+    async fn mint(
+        &self,
+        repo: &RepoConfig,
+        runner: RunnerIdentity<'_>,
+    ) -> Result<Option<Credential>, PortError> {
         match repo.mode {
-            Mode::App => self.0.mint(repo).await,
+            Mode::App => self.0.mint(repo, runner).await,
             _ => Ok(None),
         }
     }

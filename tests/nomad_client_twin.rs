@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use runner_scaler::act::{ChildControl, DispatchMeta, DispatchRequest, RegistrationToken};
+use runner_scaler::act::{ChildControl, DispatchMeta, DispatchRequest};
 use runner_scaler::clients::nomad::{NomadClient, NomadSettings};
 use runner_scaler::model::{ChildId, ErrorClass, RunnerName};
 use runner_scaler::observe::{ChildSource, ChildStatus, Placement};
@@ -52,7 +52,7 @@ fn request(parent: &str, token: Option<&str>, idempotency_token: &str) -> Dispat
             repo_url: "https://github.com/acme/api".to_string(),
             labels: "linux,self-hosted".to_string(),
             runner_name: RunnerName("ci-runner-3f9c2a1b7d04".to_string()),
-            runner_token: token.map(|t| RegistrationToken(SecretString::from(t.to_string()))),
+            runner_token: token.map(|t| SecretString::from(t.to_string())),
         },
         idempotency_token: idempotency_token.to_string(),
     }

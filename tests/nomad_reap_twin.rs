@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use runner_scaler::act::{ChildControl, DispatchMeta, DispatchRequest, RegistrationToken};
+use runner_scaler::act::{ChildControl, DispatchMeta, DispatchRequest};
 use runner_scaler::clients::nomad::{NomadClient, NomadSettings};
 use runner_scaler::model::{ChildId, ErrorClass, RunnerName};
 use runner_scaler::observe::{ChildSource, ChildStatus, Placement};
@@ -62,7 +62,7 @@ impl Cluster {
                     repo_url: "https://github.com/acme/api".to_string(),
                     labels: "self-hosted".to_string(),
                     runner_name: RunnerName(format!("ci-runner-{idempotency_token:0>12}")),
-                    runner_token: Some(RegistrationToken(SecretString::from("reg-token"))),
+                    runner_token: Some(SecretString::from("reg-token")),
                 },
                 idempotency_token: idempotency_token.to_string(),
             })

@@ -44,6 +44,7 @@ fn vault_repo() -> RepoConfig {
         default_job: Some("ci-runner".into()),
         labels: None,
         search_labels_as_written: Default::default(),
+        credential: Default::default(),
     }
 }
 

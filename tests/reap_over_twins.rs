@@ -69,6 +69,39 @@ async fn dispatched_child(twins: &Twins, daemon: &Daemon) -> (TwinJob, String) {
     (child, runner)
 }
 
+/// The runner of a child boots from its JIT config: GitHub registered it (offline) when the
+/// daemon minted the config, with the bucket's labels; now it connects and reads as
+/// `presence`. Returns its registration id. No registration token was ever minted.
+fn boot_jit_runner(twins: &Twins, repo: &RepoName, runner: &str, presence: RunnerPresence) -> u64 {
+    let registered: Vec<_> = twins
+        .github
+        .runners(repo)
+        .into_iter()
+        .filter(|r| r.name == runner)
+        .collect();
+    assert_eq!(registered.len(), 1, "one JIT registration for {runner}");
+    let jit = &registered[0];
+    assert!(!jit.online, "a JIT runner is offline until it boots");
+    assert_eq!(
+        jit.labels, LABELS,
+        "a JIT runner carries its bucket's labels"
+    );
+    let minted_tokens = twins
+        .github
+        .request_log()
+        .iter()
+        .filter(|e| e.endpoint.ends_with("/registration-token"))
+        .count();
+    assert_eq!(minted_tokens, 0, "app mode mints JIT configs by default");
+    assert!(
+        twins
+            .github
+            .set_runner_online(repo, runner, presence.online)
+    );
+    assert!(twins.github.set_runner_busy(repo, runner, presence.busy));
+    jit.id
+}
+
 /// The secrets the daemon holds or was handed, none of which may reach its stderr.
 fn secrets(twins: &Twins, child: &TwinJob) -> Vec<String> {
     let mut secrets: Vec<String> = [NOMAD_TOKEN, CONSUL_TOKEN, VAULT_TOKEN]
@@ -119,10 +152,13 @@ async fn an_idle_surplus_runner_loses_its_registration_before_its_child_is_stopp
     let daemon = Daemon::start(&twins, &key_file, DAEMON_ARGS);
 
     let (child, runner) = dispatched_child(&twins, &daemon).await;
-    // Registered before placed, so no tick sees a placed child without a registration.
-    let runner_id = twins
+    // Booted before placed, so no tick sees a placed child whose runner is not connected.
+    let runner_id = boot_jit_runner(&twins, &repo, &runner, RunnerPresence::IDLE);
+    // A registration under the same name that is not the daemon's runner: the veto must find
+    // the runner by the id its JIT config returned, not by its name.
+    let impostor = twins
         .github
-        .register_runner_as(&repo, &runner, LABELS, RunnerPresence::IDLE);
+        .register_runner_as(&repo, &runner, LABELS, RunnerPresence::OFFLINE);
     twins.nomad.place(&child.id).unwrap();
     twins.github.cancel_job(&repo, job).unwrap();
 
@@ -150,7 +186,16 @@ async fn an_idle_surplus_runner_loses_its_registration_before_its_child_is_stopp
         deleted.at < stopped_at,
         "the child was stopped before its runner's registration was deleted"
     );
-    assert!(twins.github.runners(&repo).is_empty());
+    assert_eq!(
+        deleted.id, runner_id,
+        "the JIT runner's own registration went"
+    );
+    let left: Vec<u64> = twins.github.runners(&repo).iter().map(|r| r.id).collect();
+    assert_eq!(
+        left,
+        [impostor],
+        "the other registration under its name stays"
+    );
     assert_eq!(
         twins.dispatch_requests(PARENT),
         1,
@@ -181,9 +226,7 @@ async fn a_runner_at_work_is_never_taken_back(at_work: AtWork) {
         AtWork::NamedByAJobWithTheFlagLagging => RunnerPresence::IDLE,
         _ => RunnerPresence::BUSY,
     };
-    twins
-        .github
-        .register_runner_as(&repo, &runner, LABELS, presence);
+    boot_jit_runner(&twins, &repo, &runner, presence);
     twins.nomad.place(&child.id).unwrap();
     twins.github.cancel_job(&repo, job).unwrap();
     match at_work {
@@ -240,7 +283,11 @@ async fn a_runner_at_work_is_never_taken_back(at_work: AtWork) {
             "the registrations were read {readings} times"
         );
     }
-    assert_eq!(twins.github.runners(&repo).len(), 1, "{at_work:?}");
+    assert_eq!(
+        twins.github.runners(&repo).len(),
+        1,
+        "{at_work:?}: nothing deleted"
+    );
     let job = twins
         .nomad
         .job(&child.id)

@@ -177,6 +177,7 @@ async fn forgejo_does_not_follow_a_redirect() {
         default_job: Some("forgejo-runner".into()),
         labels: Some(BTreeSet::from(["docker".to_string()])),
         search_labels_as_written: BTreeSet::from(["docker".to_string()]),
+        credential: Default::default(),
     };
     let error = forgejo.list_jobs(&repo).await.unwrap_err();
     world.assert_not_followed("authorization", &error);

@@ -80,6 +80,7 @@ fn app_repo(repo: &RepoName) -> RepoConfig {
         default_job: Some("ci-runner".to_string()),
         labels: None,
         search_labels_as_written: Default::default(),
+        credential: Default::default(),
     }
 }
 

@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use rand::RngCore;
 
-use super::{ChildControl, Deregistration, DispatchMeta, DispatchRequest, Registrars};
+use super::{
+    ChildControl, Credential, Deregistration, DispatchMeta, DispatchRequest, Registrars,
+    RunnerIdentity,
+};
 use crate::config::Config;
 use crate::model::{BucketKey, ChildId, ErrorClass, RepoName, RunnerName};
 use crate::observe::{ChildStatus, PortError};
@@ -27,7 +30,10 @@ pub enum DispatchOutcome {
         parent: String,
         runner_name: RunnerName,
         child: ChildId,
-        minted: bool,
+        /// What was minted for the runner ("JIT config", "registration token"), if anything.
+        credential: Option<&'static str>,
+        /// The runner's registration id, where the credential bound one (a JIT config).
+        runner_id: Option<u64>,
         deduplicated: bool,
     },
     /// Minting a registration credential failed; nothing was dispatched.
@@ -168,11 +174,19 @@ pub async fn carry_out(
             });
             continue;
         };
-        let token = match registrar.mint(repo).await {
-            Ok(token) => token,
+        let runner_name = RunnerName::for_parent(&parent, &random_hex(rng, 12));
+        let runner = RunnerIdentity {
+            name: &runner_name,
+            labels: &bucket.labels,
+        };
+        let credential = match registrar.mint(repo, runner).await {
+            Ok(credential) => credential,
             Err(error) => {
                 failed_repos.insert(bucket.repo.clone());
-                let error = error.context(format!("mint registration token for {}", bucket.repo));
+                let error = error.context(format!(
+                    "mint a credential for runner {runner_name} of {}",
+                    bucket.repo
+                ));
                 report.dispatches.push(DispatchOutcome::MintFailed {
                     bucket,
                     parent,
@@ -181,14 +195,13 @@ pub async fn carry_out(
                 continue;
             }
         };
-        let minted = token.is_some();
         let request = DispatchRequest {
             parent: parent.clone(),
             meta: DispatchMeta {
                 repo_url: registrar.repo_url(repo),
                 labels: bucket.labels.to_meta(),
-                runner_name: RunnerName::for_parent(&parent, &random_hex(rng, 12)),
-                runner_token: token,
+                runner_name,
+                runner_token: credential.as_ref().map(|c| c.plain().clone()),
             },
             idempotency_token: random_hex(rng, 32),
         };
@@ -198,7 +211,8 @@ pub async fn carry_out(
                 parent,
                 runner_name: request.meta.runner_name.clone(),
                 child: dispatched.child,
-                minted,
+                credential: credential.as_ref().map(Credential::kind),
+                runner_id: credential.as_ref().and_then(Credential::runner_id),
                 deduplicated: dispatched.deduplicated,
             }),
             Err(error) => {

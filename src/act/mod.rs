@@ -7,24 +7,91 @@ use async_trait::async_trait;
 use secrecy::SecretString;
 
 use crate::config::{Mode, RepoConfig};
-use crate::model::{ChildId, RunnerName};
+use crate::model::{ChildId, LabelSet, RunnerName};
 use crate::observe::{ChildStatus, PortError, RunnerRegistration};
 
-/// A registration credential minted for one runner. Never logged, never in an error.
-pub struct RegistrationToken(pub SecretString);
+/// A credential minted for one runner. Never logged, never in an error: its `Debug` shows
+/// only its kind (and a JIT runner's id, which is no secret).
+pub enum Credential {
+    /// A registration token: on GitHub good for any number of runners for an hour, on
+    /// Forgejo the repo's standing token.
+    RegistrationToken(SecretString),
+    /// A GitHub just-in-time runner configuration: single-use, bound to one runner name and
+    /// label set. GitHub registered the runner when it made it, so its id is known before
+    /// the runner boots.
+    JitConfig {
+        encoded: SecretString,
+        runner_id: u64,
+    },
+}
 
-impl std::fmt::Debug for RegistrationToken {
+impl std::fmt::Debug for Credential {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("RegistrationToken([REDACTED])")
+        match self {
+            Credential::RegistrationToken(_) => f.write_str("RegistrationToken([REDACTED])"),
+            Credential::JitConfig { runner_id, .. } => {
+                write!(
+                    f,
+                    "JitConfig {{ runner_id: {runner_id}, encoded: [REDACTED] }}"
+                )
+            }
+        }
     }
 }
 
-/// Mints registration credentials. Implemented by the GitHub and Forgejo clients.
+impl Credential {
+    /// The registration id of the runner the credential is bound to, where it is bound.
+    pub fn runner_id(&self) -> Option<u64> {
+        match self {
+            Credential::RegistrationToken(_) => None,
+            Credential::JitConfig { runner_id, .. } => Some(*runner_id),
+        }
+    }
+
+    /// The value as the runner takes it when it travels unwrapped.
+    pub fn plain(&self) -> &SecretString {
+        match self {
+            Credential::RegistrationToken(token) => token,
+            Credential::JitConfig { encoded, .. } => encoded,
+        }
+    }
+
+    /// The one field the runner's entrypoint finds in the unwrapped object
+    /// (`nomad/runner/entrypoint.sh`).
+    pub fn wrapped_field(&self) -> &'static str {
+        match self {
+            Credential::RegistrationToken(_) => "registration_token",
+            Credential::JitConfig { .. } => "jitconfig",
+        }
+    }
+
+    /// A short name for logs and reports.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Credential::RegistrationToken(_) => "registration token",
+            Credential::JitConfig { .. } => "JIT config",
+        }
+    }
+}
+
+/// The runner a credential is minted for.
+#[derive(Clone, Copy, Debug)]
+pub struct RunnerIdentity<'a> {
+    pub name: &'a RunnerName,
+    /// Its bucket's labels: a JIT runner carries exactly these.
+    pub labels: &'a LabelSet,
+}
+
+/// Mints runner credentials. Implemented by the GitHub and Forgejo clients.
 #[async_trait]
 pub trait Registrar: Send + Sync {
-    /// A fresh credential for one runner of `repo`, or `None` where the mode mints none
+    /// A fresh credential for `runner` of `repo`, or `None` where the mode mints none
     /// (`vault` mode: the runner job reads its admin token from Vault itself).
-    async fn mint(&self, repo: &RepoConfig) -> Result<Option<RegistrationToken>, PortError>;
+    async fn mint(
+        &self,
+        repo: &RepoConfig,
+        runner: RunnerIdentity<'_>,
+    ) -> Result<Option<Credential>, PortError>;
 
     /// The web URL a runner registers against (`https://github.com/owner/repo`).
     fn repo_url(&self, repo: &RepoConfig) -> String;
@@ -46,7 +113,8 @@ pub struct DispatchMeta {
     /// Lower-case, sorted, comma-separated.
     pub labels: String,
     pub runner_name: RunnerName,
-    pub runner_token: Option<RegistrationToken>,
+    /// The `runner_token` meta: the plain credential, or a Vault wrapping token of it.
+    pub runner_token: Option<SecretString>,
 }
 
 #[derive(Debug)]

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use tokio::time::Instant;
 use url::Url;
 
-use crate::act::{Registrar, RegistrationToken};
+use crate::act::{Credential, Registrar, RunnerIdentity};
 use crate::clients::http::{
     TlsFiles, build_client, class_of_status, redirect_refused, transport_error,
 };
@@ -331,7 +331,11 @@ impl QueueSource for Forgejo {
 
 #[async_trait]
 impl Registrar for Forgejo {
-    async fn mint(&self, repo: &RepoConfig) -> Result<Option<RegistrationToken>, PortError> {
+    async fn mint(
+        &self,
+        repo: &RepoConfig,
+        _runner: RunnerIdentity<'_>,
+    ) -> Result<Option<Credential>, PortError> {
         let call = self.call(repo)?;
         let doing = call.doing("get a runner registration token");
         let path = format!(
@@ -354,7 +358,9 @@ impl Registrar for Forgejo {
                 format!("{doing}: the token is empty"),
             ));
         }
-        Ok(Some(RegistrationToken(SecretString::from(wire.token))))
+        Ok(Some(Credential::RegistrationToken(SecretString::from(
+            wire.token,
+        ))))
     }
 
     /// `<forgejoUrl>/<owner>/<repo>`; empty for a repo not in forgejo mode, which this client

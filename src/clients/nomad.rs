@@ -550,7 +550,7 @@ impl ChildControl for NomadClient {
                 runner_token: meta
                     .runner_token
                     .as_ref()
-                    .map(|token| token.0.expose_secret()),
+                    .map(|token| token.expose_secret()),
             },
         };
         let http_request = self

@@ -111,6 +111,31 @@ pub struct RepoConfig {
     /// document writes them (trimmed). Forgejo compares labels case-sensitively, so a
     /// lower-cased `Linux` would find no job.
     pub search_labels_as_written: BTreeSet<String>,
+    /// What the daemon mints for each of the repo's runners (`app` mode).
+    pub credential: CredentialKind,
+}
+
+/// The credential an `app` repo's runner gets (`credential` and `runnerGroupId` in the
+/// document).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CredentialKind {
+    /// A just-in-time runner configuration: single-use, bound to one runner name and label
+    /// set, and the runner's registration id is known before it boots.
+    Jit { runner_group_id: u64 },
+    /// A registration token, good for any number of runners for an hour: for runner images
+    /// that cannot start from a JIT config.
+    Registration,
+}
+
+/// The runner group every repository has (`Default`).
+pub const DEFAULT_RUNNER_GROUP_ID: u64 = 1;
+
+impl Default for CredentialKind {
+    fn default() -> Self {
+        CredentialKind::Jit {
+            runner_group_id: DEFAULT_RUNNER_GROUP_ID,
+        }
+    }
 }
 
 /// Where a job goes: which parent, under which profile.

@@ -11,7 +11,9 @@ use std::fmt;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use url::Url;
 
-use super::{Config, ConfigDefaults, Mode, Profile, RepoConfig};
+use super::{
+    Config, ConfigDefaults, CredentialKind, DEFAULT_RUNNER_GROUP_ID, Mode, Profile, RepoConfig,
+};
 use crate::model::{RepoName, is_valid_label};
 
 /// One problem in the document, naming the repo and the field.
@@ -150,6 +152,8 @@ const REPO_FIELDS: &[&str] = &[
     "forgejoUrl",
     "defaultJob",
     "labels",
+    "credential",
+    "runnerGroupId",
 ];
 const PROFILE_FIELDS: &[&str] = &["job", "label", "maxConcurrent", "hardBoundMinutes"];
 
@@ -286,6 +290,22 @@ fn check_repo(
         .and_then(|v| string(report, "defaultJob", v))
         .and_then(|job| job_id(report, "defaultJob", job));
     let labels = found.get("labels").and_then(|v| labels(report, v));
+    let credential_name =
+        found
+            .get("credential")
+            .and_then(|v| match string(report, "credential", v)? {
+                name @ ("jit" | "registration") => Some(name),
+                other => {
+                    report.field(
+                        "credential",
+                        format!("{other:?} is not a credential: one of \"jit\", \"registration\""),
+                    );
+                    None
+                }
+            });
+    let runner_group_id = found
+        .get("runnerGroupId")
+        .and_then(|v| runner_group_id(report, v));
 
     // Mode-specific rules. A field that failed its own check above is absent here, so only
     // "missing" or "not allowed in this mode" is reported for fields actually absent or given.
@@ -295,6 +315,22 @@ fn check_repo(
             report.field(
                 "registerVaultPath",
                 "only used in \"vault\" mode (the runner job reads the admin token there)",
+            );
+        }
+        if mode != ModeName::App {
+            for field in ["credential", "runnerGroupId"] {
+                if given(field) {
+                    report.field(
+                        field,
+                        "only used in \"app\" mode (the daemon mints no credential otherwise)",
+                    );
+                }
+            }
+        }
+        if credential_name == Some("registration") && given("runnerGroupId") {
+            report.field(
+                "runnerGroupId",
+                "only used with \"credential\": \"jit\" (a registration token names no group)",
             );
         }
         if mode != ModeName::Forgejo && given("forgejoUrl") {
@@ -403,6 +439,12 @@ fn check_repo(
         Mode::App => Some(defaults.default_job.clone()),
         _ => None,
     });
+    let credential = match credential_name {
+        Some("registration") => CredentialKind::Registration,
+        _ => CredentialKind::Jit {
+            runner_group_id: runner_group_id.unwrap_or(DEFAULT_RUNNER_GROUP_ID),
+        },
+    };
     Some(RepoConfig {
         repo: name?,
         mode,
@@ -411,6 +453,7 @@ fn check_repo(
         default_job,
         labels,
         search_labels_as_written,
+        credential,
     })
 }
 
@@ -581,6 +624,20 @@ fn hard_bound_minutes(
         other => format!("expected whole minutes, found {}", other.kind()),
     };
     report.field(field, message);
+    None
+}
+
+/// A runner group id: a whole number of at least 1 (1 is the group every repo has).
+fn runner_group_id(report: &mut Report<'_>, value: &Json) -> Option<u64> {
+    let message = match value {
+        Json::Number(Number::Unsigned(n)) if *n >= 1 => return Some(*n),
+        Json::Number(Number::Unsigned(_)) | Json::Number(Number::Signed(_)) => {
+            "expected a runner group id of at least 1 (1 is the repo's Default group)".to_string()
+        }
+        Json::Number(Number::Float(n)) => format!("{n} is not a whole number"),
+        other => format!("expected a whole number, found {}", other.kind()),
+    };
+    report.field("runnerGroupId", message);
     None
 }
 
@@ -849,6 +906,7 @@ mod tests {
                         default_job: Some("ci-runner".into()),
                         labels: None,
                         search_labels_as_written: BTreeSet::new(),
+                        credential: Default::default(),
                     },
                 ),
                 (
@@ -864,6 +922,7 @@ mod tests {
                         default_job: None,
                         labels: None,
                         search_labels_as_written: BTreeSet::from(["build".to_string()]),
+                        credential: Default::default(),
                     },
                 ),
                 (
@@ -883,6 +942,7 @@ mod tests {
                         default_job: None,
                         labels: None,
                         search_labels_as_written: BTreeSet::from(["vm".into(), "go".into()]),
+                        credential: Default::default(),
                     },
                 ),
             ]),
@@ -1070,7 +1130,7 @@ mod tests {
             errors,
             vec![
                 "acme/api: mode: duplicate key",
-                "acme/api: extra: unknown field; known fields: mode, maxConcurrent, profiles, vaultPath, registerVaultPath, forgejoUrl, defaultJob, labels",
+                "acme/api: extra: unknown field; known fields: mode, maxConcurrent, profiles, vaultPath, registerVaultPath, forgejoUrl, defaultJob, labels, credential, runnerGroupId",
                 "acme/api: extra.k: duplicate key",
                 "acme/api: profiles[0].job: duplicate key",
                 "acme/api: duplicate repo key",
@@ -1184,5 +1244,60 @@ mod tests {
         let ok_job = "j".repeat(JOB_ID_LEN_MAX);
         let doc = format!(r#"{{"x/y": {{"mode": "app", "defaultJob": "{ok_job}"}}}}"#);
         assert!(parse(&doc).is_ok());
+    }
+}
+
+#[cfg(test)]
+mod credential_tests {
+    use super::*;
+    use crate::model::RepoName;
+
+    fn credential(entry: &str) -> Result<CredentialKind, Vec<String>> {
+        let doc = format!(r#"{{ "acme/api": {entry} }}"#);
+        parse_document(doc.as_bytes(), &ConfigDefaults::default())
+            .map(|c| c.repos[&RepoName::parse("acme/api").unwrap()].credential)
+            .map_err(|errors| errors.iter().map(|e| e.to_string()).collect())
+    }
+
+    #[test]
+    fn app_repos_get_a_jit_config_unless_they_ask_for_a_registration_token() {
+        assert_eq!(
+            credential(r#"{ "mode": "app" }"#),
+            Ok(CredentialKind::Jit { runner_group_id: 1 })
+        );
+        assert_eq!(
+            credential(r#"{ "mode": "app", "credential": "jit", "runnerGroupId": 7 }"#),
+            Ok(CredentialKind::Jit { runner_group_id: 7 })
+        );
+        assert_eq!(
+            credential(r#"{ "mode": "app", "credential": "registration" }"#),
+            Ok(CredentialKind::Registration)
+        );
+    }
+
+    #[test]
+    fn credential_fields_are_checked() {
+        for (entry, field) in [
+            (r#"{ "mode": "app", "credential": "pat" }"#, "credential"),
+            (r#"{ "mode": "app", "runnerGroupId": 0 }"#, "runnerGroupId"),
+            (
+                r#"{ "mode": "app", "runnerGroupId": "1" }"#,
+                "runnerGroupId",
+            ),
+            (
+                r#"{ "mode": "app", "credential": "registration", "runnerGroupId": 2 }"#,
+                "runnerGroupId",
+            ),
+            (
+                r#"{ "mode": "vault", "vaultPath": "a", "registerVaultPath": "b", "credential": "jit" }"#,
+                "credential",
+            ),
+        ] {
+            let errors = credential(entry).expect_err(entry);
+            assert!(
+                errors.iter().any(|e| e.contains(field)),
+                "{entry}: {errors:?}"
+            );
+        }
     }
 }

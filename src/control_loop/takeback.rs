@@ -71,6 +71,9 @@ pub struct TakeBackMemory {
     readings: BTreeMap<ChildId, Reading>,
     /// When each `app` repo's registrations were last swept for stale ones.
     swept_at: BTreeMap<RepoName, DateTime<Utc>>,
+    /// The registration id GitHub gave each JIT runner when the daemon minted its config: its
+    /// registration is found by this id, whatever else is registered under its name.
+    jit_ids: BTreeMap<RunnerName, u64>,
 }
 
 /// Every child of ours the snapshot shows, by runner name, with its bucket.
@@ -103,6 +106,11 @@ impl TakeBackMemory {
     /// a job, are failed starts and back their bucket off.
     pub fn learn_from_snapshot(&mut self, snapshot: &Snapshot, now: DateTime<Utc>) {
         let runners = runners_of(snapshot);
+        // A JIT id is needed while its child is listed; once every listing was read and the
+        // child is gone, so is the need.
+        if snapshot.parents.values().all(Result::is_ok) {
+            self.jit_ids.retain(|name, _| runners.contains_key(name));
+        }
         // Failed starts first, then runners seen at work: both happened since the last
         // tick, in an order the listings do not tell, and a runner at work is the newer news
         // more often than not (it took a job after booting, the others crashed at boot).
@@ -303,7 +311,12 @@ impl TakeBackMemory {
                 match (named_busy, listing, &nominated.runner) {
                     (true, _, _) => Some(None),
                     (false, Some(Ok(registered)), Some(name)) => {
-                        match registered.iter().find(|r| r.name == *name) {
+                        let jit_id = self.jit_ids.get(name);
+                        let found = registered.iter().find(|r| match jit_id {
+                            Some(id) => r.id == *id,
+                            None => r.name == *name,
+                        });
+                        match found {
                             Some(r) if r.busy => Some(None),
                             Some(r) => {
                                 runner_id = Some(r.id);
@@ -395,6 +408,20 @@ impl TakeBackMemory {
             }
         }
         stale
+    }
+
+    /// The registration ids of the JIT runners just dispatched.
+    pub fn learn_jit_ids(&mut self, dispatches: &[crate::act::execute::DispatchOutcome]) {
+        for d in dispatches {
+            if let crate::act::execute::DispatchOutcome::Dispatched {
+                runner_name,
+                runner_id: Some(id),
+                ..
+            } = d
+            {
+                self.jit_ids.insert(runner_name.clone(), *id);
+            }
+        }
     }
 
     /// What the act step learnt of the runners it tried to take back: a refusal as busy (422)

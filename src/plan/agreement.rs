@@ -93,6 +93,7 @@ fn repo_config(i: usize) -> impl Strategy<Value = RepoConfig> {
                 default_job: default_job.map(|p| PARENTS[p].to_string()),
                 labels: labels.map(|set| set.into_iter().map(String::from).collect()),
                 search_labels_as_written: Default::default(),
+                credential: Default::default(),
             },
         )
 }

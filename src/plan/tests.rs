@@ -35,6 +35,7 @@ fn app_repo(name: &str, cap: u32) -> RepoConfig {
         default_job: Some("ci-runner".into()),
         labels: None,
         search_labels_as_written: Default::default(),
+        credential: Default::default(),
     }
 }
 

@@ -70,6 +70,8 @@ pub struct DispatchView {
     pub runner_name: Option<String>,
     pub child: Option<String>,
     pub minted: Option<bool>,
+    /// What was minted: "JIT config", "registration token", or none.
+    pub credential: Option<&'static str>,
     pub outcome: &'static str,
     pub error: Option<String>,
 }
@@ -177,6 +179,7 @@ impl TickView {
                     runner_name: None,
                     child: None,
                     minted: None,
+                    credential: None,
                     outcome: "planned",
                     error: None,
                 })
@@ -311,15 +314,17 @@ fn dispatch_view(d: &DispatchOutcome) -> DispatchView {
             parent,
             runner_name,
             child,
-            minted,
+            credential,
             deduplicated,
+            ..
         } => DispatchView {
             repo: bucket.repo.to_string(),
             parent: parent.clone(),
             labels: bucket.labels.to_meta(),
             runner_name: Some(runner_name.to_string()),
             child: Some(child.to_string()),
-            minted: Some(*minted),
+            minted: Some(credential.is_some()),
+            credential: *credential,
             outcome: if *deduplicated {
                 "deduplicated"
             } else {
@@ -343,6 +348,7 @@ fn dispatch_view(d: &DispatchOutcome) -> DispatchView {
             runner_name: None,
             child: None,
             minted: None,
+            credential: None,
             outcome: if matches!(d, DispatchOutcome::MintFailed { .. }) {
                 "mint_failed"
             } else {
@@ -361,6 +367,7 @@ fn dispatch_view(d: &DispatchOutcome) -> DispatchView {
             runner_name: None,
             child: None,
             minted: None,
+            credential: None,
             outcome: "skipped",
             error: Some(why.clone()),
         },
@@ -416,8 +423,9 @@ pub fn log_act(act: &ActReport) {
                 parent,
                 runner_name,
                 child,
-                minted,
+                credential,
                 deduplicated,
+                ..
             } => {
                 // A replayed idempotency token returns the existing child: not a new runner.
                 let what = if *deduplicated {
@@ -431,7 +439,8 @@ pub fn log_act(act: &ActReport) {
                     labels = %bucket.labels,
                     runner_name = %runner_name,
                     child = %child,
-                    minted = *minted,
+                    minted = credential.is_some(),
+                    credential = credential.unwrap_or("none"),
                     "{what}"
                 )
             }

@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use crate::act::{
-    ChildControl, Deregistration, DispatchRequest, Dispatched, Registrar, RegistrationToken,
-    RunnerRegistry,
+    ChildControl, Credential, Deregistration, DispatchRequest, Dispatched, Registrar,
+    RunnerIdentity, RunnerRegistry,
 };
 use crate::config::RepoConfig;
 use crate::model::{ChildId, ErrorClass, LabelSet, RepoName, RunnerName};
@@ -317,17 +317,19 @@ impl QueueSource for MemoryWorld {
 
 #[async_trait]
 impl Registrar for MemoryWorld {
-    async fn mint(&self, repo: &RepoConfig) -> Result<Option<RegistrationToken>, PortError> {
+    async fn mint(
+        &self,
+        repo: &RepoConfig,
+        _runner: RunnerIdentity<'_>,
+    ) -> Result<Option<Credential>, PortError> {
         let mut s = self.state.lock().unwrap();
         if s.forge_down {
             return Err(down("create registration token"));
         }
         s.mints += 1;
-        Ok(Some(RegistrationToken(SecretString::from(format!(
-            "REGTOKEN-{}-{}",
-            repo.repo.name(),
-            s.mints
-        )))))
+        Ok(Some(Credential::RegistrationToken(SecretString::from(
+            format!("REGTOKEN-{}-{}", repo.repo.name(), s.mints),
+        ))))
     }
 
     fn repo_url(&self, repo: &RepoConfig) -> String {
@@ -404,7 +406,7 @@ impl ChildControl for MemoryWorld {
             .meta
             .runner_token
             .as_ref()
-            .map(|t| t.0.expose_secret().to_string());
+            .map(|t| t.expose_secret().to_string());
         s.dispatch_log.push((
             request.parent.clone(),
             labels,

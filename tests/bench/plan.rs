@@ -56,6 +56,7 @@ fn world() -> (Config, Snapshot) {
                 default_job: Some("ci-runner".into()),
                 labels: None,
                 search_labels_as_written: Default::default(),
+                credential: Default::default(),
             },
         );
         snapshot.repo_urls.insert(url.clone(), name.clone());

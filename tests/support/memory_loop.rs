@@ -32,6 +32,7 @@ pub fn app_config(repos: &[(&str, u32)]) -> Config {
                 default_job: Some("ci-runner".into()),
                 labels: None,
                 search_labels_as_written: Default::default(),
+                credential: Default::default(),
             },
         );
     }

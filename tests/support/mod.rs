@@ -64,3 +64,33 @@ impl<'a> MakeWriter<'a> for LogCapture {
         CaptureWriter(self.0.clone())
     }
 }
+
+/// A runner to mint a credential for, as the act step names one.
+pub struct TestRunner {
+    pub name: runner_scaler::model::RunnerName,
+    pub labels: runner_scaler::model::LabelSet,
+}
+
+impl TestRunner {
+    pub fn new(name: &str, labels: &[&str]) -> TestRunner {
+        TestRunner {
+            name: runner_scaler::model::RunnerName(name.to_string()),
+            labels: runner_scaler::model::LabelSet::parse(labels).expect("valid labels"),
+        }
+    }
+
+    /// A runner of `ci-runner` with `self-hosted`, named like no other of this process (a
+    /// JIT config is refused for a name already registered).
+    pub fn any() -> TestRunner {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        TestRunner::new(&format!("ci-runner-{n:012x}"), &["self-hosted"])
+    }
+
+    pub fn identity(&self) -> runner_scaler::act::RunnerIdentity<'_> {
+        runner_scaler::act::RunnerIdentity {
+            name: &self.name,
+            labels: &self.labels,
+        }
+    }
+}

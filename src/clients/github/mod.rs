@@ -31,9 +31,9 @@ use serde::de::DeserializeOwned;
 use tracing::{debug, instrument};
 use url::Url;
 
-use crate::act::{Deregistration, Registrar, RegistrationToken, RunnerRegistry};
+use crate::act::{self, Deregistration, Registrar, RunnerIdentity, RunnerRegistry};
 use crate::clients::http::REQUEST_TIMEOUT_DEFAULT;
-use crate::config::{Mode, RepoConfig};
+use crate::config::{CredentialKind, Mode, RepoConfig};
 use crate::model::{ErrorClass, RATE_LIMIT_WAIT_MAX_S, RepoName, RunnerName};
 use crate::observe::{ForgeJob, JobState, PortError, QueueSource, RepoJobs, RunnerRegistration};
 use crate::secrets::SecretSource;
@@ -584,10 +584,10 @@ impl GitHub {
         permission: Permission,
         method: Method,
         target: &Target,
-        if_none_match: Option<&str>,
+        payload: Payload<'_>,
         doing: &str,
     ) -> Result<Answer, PortError> {
-        self.repo_call_answering(repo, permission, method, target, if_none_match, &[], doing)
+        self.repo_call_answering(repo, permission, method, target, payload, &[], doing)
             .await
     }
 
@@ -600,10 +600,15 @@ impl GitHub {
         permission: Permission,
         method: Method,
         target: &Target,
-        if_none_match: Option<&str>,
+        payload: Payload<'_>,
         answered: &[StatusCode],
         doing: &str,
     ) -> Result<Answer, PortError> {
+        let (body, if_none_match) = match payload {
+            Payload::Nothing => (None, None),
+            Payload::IfNoneMatch(etag) => (None, Some(etag)),
+            Payload::Json(body) => (Some(body), None),
+        };
         let mut retried = false;
         loop {
             let credential = self.credential(repo, permission).await?;
@@ -614,7 +619,7 @@ impl GitHub {
                     method.clone(),
                     target,
                     &credential.token,
-                    None,
+                    body,
                     if_none_match,
                     doing,
                 )
@@ -648,7 +653,14 @@ impl GitHub {
         let key = target.as_key();
         let Some(seen) = seen.filter(|_| self.conditional_requests) else {
             let answer = self
-                .repo_call(repo, permission, Method::GET, target, None, doing)
+                .repo_call(
+                    repo,
+                    permission,
+                    Method::GET,
+                    target,
+                    Payload::Nothing,
+                    doing,
+                )
                 .await?;
             if answer.status == StatusCode::NOT_MODIFIED {
                 return Err(PortError::new(
@@ -671,7 +683,9 @@ impl GitHub {
                 permission,
                 Method::GET,
                 target,
-                cached.as_ref().map(|c| c.etag.as_str()),
+                cached
+                    .as_ref()
+                    .map_or(Payload::Nothing, |c| Payload::IfNoneMatch(&c.etag)),
                 doing,
             )
             .await?;
@@ -925,32 +939,42 @@ impl QueueSource for GitHub {
 #[async_trait]
 impl Registrar for GitHub {
     #[instrument(level = "debug", skip_all, fields(repo = %repo.repo))]
-    async fn mint(&self, repo: &RepoConfig) -> Result<Option<RegistrationToken>, PortError> {
+    async fn mint(
+        &self,
+        repo: &RepoConfig,
+        runner: RunnerIdentity<'_>,
+    ) -> Result<Option<act::Credential>, PortError> {
         match &repo.mode {
             // The runner job reads its admin token from Vault itself; the daemon cannot.
             Mode::Vault { .. } => Ok(None),
             Mode::Forgejo { .. } => Err(not_github(repo)),
-            Mode::App => {
-                let doing = format!("mint a registration token for {}", repo.repo);
-                let path = format!(
-                    "/repos/{}/{}/actions/runners/registration-token",
-                    repo.repo.owner(),
-                    repo.repo.name()
-                );
-                let answer = self
-                    .repo_call(
-                        repo,
-                        Permission::AdministrationWrite,
-                        Method::POST,
-                        &Target::Path(path),
-                        None,
-                        &doing,
-                    )
-                    .await?;
-                let token: wire::Token =
-                    serde_json::from_str(&answer.body).map_err(|e| malformed(&doing, &e))?;
-                Ok(Some(RegistrationToken(token.token)))
-            }
+            Mode::App => match repo.credential {
+                CredentialKind::Jit { runner_group_id } => self
+                    .generate_jit_config(repo, runner, runner_group_id)
+                    .await
+                    .map(Some),
+                CredentialKind::Registration => {
+                    let doing = format!("mint a registration token for {}", repo.repo);
+                    let path = format!(
+                        "/repos/{}/{}/actions/runners/registration-token",
+                        repo.repo.owner(),
+                        repo.repo.name()
+                    );
+                    let answer = self
+                        .repo_call(
+                            repo,
+                            Permission::AdministrationWrite,
+                            Method::POST,
+                            &Target::Path(path),
+                            Payload::Nothing,
+                            &doing,
+                        )
+                        .await?;
+                    let token: wire::Token =
+                        serde_json::from_str(&answer.body).map_err(|e| malformed(&doing, &e))?;
+                    Ok(Some(act::Credential::RegistrationToken(token.token)))
+                }
+            },
         }
     }
 
@@ -1006,7 +1030,7 @@ impl RunnerRegistry for GitHub {
                 Permission::AdministrationWrite,
                 Method::DELETE,
                 &Target::Path(path),
-                None,
+                Payload::Nothing,
                 &[StatusCode::NOT_FOUND, StatusCode::UNPROCESSABLE_ENTITY],
                 &doing,
             )
@@ -1018,6 +1042,63 @@ impl RunnerRegistry for GitHub {
             _ => Deregistration::Deleted,
         })
     }
+}
+
+impl GitHub {
+    /// `POST …/actions/runners/generate-jitconfig`: registers `runner` (offline until it
+    /// boots) with exactly the bucket's labels and returns its single-use configuration.
+    async fn generate_jit_config(
+        &self,
+        repo: &RepoConfig,
+        runner: RunnerIdentity<'_>,
+        runner_group_id: u64,
+    ) -> Result<act::Credential, PortError> {
+        let doing = format!(
+            "generate a JIT config for runner {} of {}",
+            runner.name, repo.repo
+        );
+        let body = serde_json::json!({
+            "name": runner.name.0,
+            "runner_group_id": runner_group_id,
+            "labels": runner.labels.iter().collect::<Vec<_>>(),
+            // Relative to the runner's own directory, inside its allocation.
+            "work_folder": "_work",
+        });
+        let answer = self
+            .repo_call(
+                repo,
+                Permission::AdministrationWrite,
+                Method::POST,
+                &Target::Path(format!("{}/generate-jitconfig", runners_path(repo)?)),
+                Payload::Json(&body),
+                &doing,
+            )
+            .await?;
+        let jit: wire::JitConfig =
+            serde_json::from_str(&answer.body).map_err(|e| malformed(&doing, &e))?;
+        if jit.runner.name != runner.name.0 {
+            return Err(PortError::new(
+                ErrorClass::Malformed,
+                format!(
+                    "{doing}: GitHub registered a runner named {:?}",
+                    crate::model::clip_chars(&jit.runner.name, 100)
+                ),
+            ));
+        }
+        Ok(act::Credential::JitConfig {
+            encoded: jit.encoded_jit_config,
+            runner_id: jit.runner.id,
+        })
+    }
+}
+
+/// What a call carries besides its method and target: a GET may be conditional, a POST may
+/// have a body, never both.
+#[derive(Clone, Copy)]
+enum Payload<'a> {
+    Nothing,
+    IfNoneMatch(&'a str),
+    Json(&'a serde_json::Value),
 }
 
 /// `/repos/{owner}/{repo}/actions/runners` of an `app` repo: only there does the daemon hold

@@ -52,6 +52,13 @@ pub struct Runner {
     pub busy: bool,
 }
 
+/// `POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig` → 201.
+#[derive(Deserialize)]
+pub struct JitConfig {
+    pub runner: Runner,
+    pub encoded_jit_config: SecretString,
+}
+
 /// `GET /repos/{owner}/{repo}/installation` → 200 (the "Installation" object).
 #[derive(Deserialize)]
 pub struct Installation {

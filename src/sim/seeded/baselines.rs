@@ -28,20 +28,48 @@ fn fresh_request(
     parent: &str,
     repo_url: String,
     labels: &LabelSet,
-    serial: &mut u64,
-    token: Option<crate::act::RegistrationToken>,
+    serial: u64,
+    token: Option<crate::act::Credential>,
 ) -> DispatchRequest {
-    *serial += 1;
     DispatchRequest {
         parent: parent.to_string(),
         meta: DispatchMeta {
             repo_url,
             labels: labels.to_meta(),
-            runner_name: RunnerName::for_parent(parent, &format!("{:012x}", *serial)),
-            runner_token: token,
+            runner_name: runner_name(parent, serial),
+            runner_token: token.map(|t| t.plain().clone()),
         },
-        idempotency_token: format!("baseline-{:032x}", *serial),
+        idempotency_token: format!("baseline-{serial:032x}"),
     }
+}
+
+fn runner_name(parent: &str, serial: u64) -> RunnerName {
+    RunnerName::for_parent(parent, &format!("{serial:012x}"))
+}
+
+/// Mints for the next runner of a baseline: these strategies register runners with
+/// registration tokens, as the systems they stand for did.
+async fn mint_next(
+    forge: &crate::control_loop::Forge,
+    repo: &RepoConfig,
+    parent: &str,
+    labels: &LabelSet,
+    serial: &mut u64,
+) -> Result<Option<crate::act::Credential>, crate::observe::PortError> {
+    *serial += 1;
+    let mut repo = repo.clone();
+    repo.credential = crate::config::CredentialKind::Registration;
+    let name = runner_name(parent, *serial);
+    forge
+        .registrar
+        .mint(
+            &repo,
+            crate::act::RunnerIdentity {
+                name: &name,
+                labels,
+            },
+        )
+        .await
 }
 
 /// The cap a route is held to: its profile's, else none beyond the repo's.
@@ -172,16 +200,13 @@ impl SeedPoller {
                 room = room.min(cap.saturating_sub(profile_active));
             }
             for _ in 0..room {
-                let Ok(token) = forge.registrar.mint(repo).await else {
+                let Ok(token) =
+                    mint_next(forge, repo, &route.parent, &labels, &mut self.serial).await
+                else {
                     break;
                 };
-                let request = fresh_request(
-                    &route.parent,
-                    repo_url.clone(),
-                    &labels,
-                    &mut self.serial,
-                    token,
-                );
+                let request =
+                    fresh_request(&route.parent, repo_url.clone(), &labels, self.serial, token);
                 match self.services.control.dispatch(&request).await {
                     Ok(dispatched) => {
                         self.handled.insert(dispatched.child);
@@ -343,14 +368,16 @@ impl EphemerdPreVeto {
             for _ in 0..room {
                 let intent = without_runner.next().or(queued.first()).copied();
                 let Some(intent) = intent else { break };
-                let Ok(token) = forge.registrar.mint(repo).await else {
+                let Ok(token) =
+                    mint_next(forge, repo, &route.parent, &labels, &mut self.serial).await
+                else {
                     break;
                 };
                 let request = fresh_request(
                     &route.parent,
                     forge.registrar.repo_url(repo),
                     &labels,
-                    &mut self.serial,
+                    self.serial,
                     token,
                 );
                 let Ok(dispatched) = self.services.control.dispatch(&request).await else {

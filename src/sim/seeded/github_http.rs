@@ -39,10 +39,10 @@ use serde_json::{Value, json};
 use super::options::{ForgeKind, Service};
 use super::ports::{Call, Fault, Scope, Shared, Sim, Transient, budget_of, lock, repo_url};
 use super::world::{EPOCH_UNIX, Visible};
-use crate::act::{Deregistration, Registrar, RegistrationToken, RunnerRegistry};
+use crate::act::{Credential, Deregistration, Registrar, RunnerIdentity, RunnerRegistry};
 use crate::clients::github::{AppCredentials, GitHub, GitHubSettings, POLLING_TOKEN_FIELD};
 use crate::config::{Mode, RepoConfig};
-use crate::model::{ErrorClass, RepoName};
+use crate::model::{ErrorClass, RepoName, RunnerName};
 use crate::observe::{PortError, QueueSource, RepoJobs, RunnerRegistration};
 use crate::secrets::SecretSource;
 use crate::sim::twins;
@@ -278,6 +278,7 @@ enum Route {
     ListRuns(RepoName),
     ListJobs(RepoName, u64),
     RegistrationToken(RepoName),
+    GenerateJitConfig(RepoName),
     ListRunners(RepoName),
     DeleteRunner(RepoName, u64),
 }
@@ -404,6 +405,9 @@ fn parse_route(sim: &Sim, method: &Method, path: &str) -> Option<Route> {
         ("POST", ["actions", "runners", "registration-token"]) => {
             Some(Route::RegistrationToken(repo))
         }
+        ("POST", ["actions", "runners", "generate-jitconfig"]) => {
+            Some(Route::GenerateJitConfig(repo))
+        }
         ("GET", ["actions", "runners"]) => Some(Route::ListRunners(repo)),
         ("DELETE", ["actions", "runners", runner]) => Some(Route::DeleteRunner(repo, id(runner)?)),
         _ => None,
@@ -525,7 +529,7 @@ impl GitHubHttp {
                 };
                 repo_billing(config, &installations, Scope::Queue(repo.clone()), "list")
             }
-            Route::RegistrationToken(repo) => {
+            Route::RegistrationToken(repo) | Route::GenerateJitConfig(repo) => {
                 let Some(config) = sim.config.repos.get(repo) else {
                     return Served::Answer(Reply::not_found().into_response());
                 };
@@ -612,7 +616,9 @@ impl GitHubHttp {
             Route::ListRuns(repo) | Route::ListJobs(repo, _) => {
                 authorize(&state, sim, parts, repo, ("actions", "read"))
             }
-            Route::RegistrationToken(repo) | Route::DeleteRunner(repo, _) => {
+            Route::RegistrationToken(repo)
+            | Route::GenerateJitConfig(repo)
+            | Route::DeleteRunner(repo, _) => {
                 authorize(&state, sim, parts, repo, ("administration", "write"))
             }
             Route::ListRunners(repo) => {
@@ -696,12 +702,51 @@ impl GitHubHttp {
             Route::RegistrationToken(_) => {
                 let token = sim.mint_canary();
                 let body = json!({
-                    "token": secrecy::ExposeSecret::expose_secret(&token.0),
+                    "token": secrecy::ExposeSecret::expose_secret(&token),
                     "expires_at": DateTime::from_timestamp(EPOCH_UNIX + (t + TOKEN_LIFETIME_S) as i64, 0)
                         .expect("simulated time is in range")
                         .to_rfc3339_opts(SecondsFormat::Millis, true),
                 });
                 Ok(Reply::json(StatusCode::CREATED, body.to_string()))
+            }
+            Route::GenerateJitConfig(repo) => {
+                let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+                let (Some(name), Some(labels)) =
+                    (request["name"].as_str(), request["labels"].as_array())
+                else {
+                    return Served::Answer(
+                        Reply::error(
+                            StatusCode::UNPROCESSABLE_ENTITY,
+                            "Invalid request.",
+                            DOCS_REST,
+                        )
+                        .into_response(),
+                    );
+                };
+                let config = sim.mint_canary();
+                let Sim { world, trace, .. } = &mut *sim;
+                Ok(
+                    match world.register_jit(t, repo, &RunnerName(name.to_string()), trace) {
+                        Some(id) => {
+                            let body = json!({
+                                "runner": {
+                                    "id": id, "name": name, "os": "unknown",
+                                    "status": "offline", "busy": false,
+                                    "labels": labels.iter().enumerate().map(|(i, l)| json!({
+                                        "id": i + 1, "name": l, "type": "custom",
+                                    })).collect::<Vec<_>>(),
+                                },
+                                "encoded_jit_config": secrecy::ExposeSecret::expose_secret(&config),
+                            });
+                            Reply::json(StatusCode::CREATED, body.to_string())
+                        }
+                        None => Reply::error(
+                            StatusCode::CONFLICT,
+                            "Already exists - A runner with the name already exists.",
+                            DOCS_REST,
+                        ),
+                    },
+                )
             }
             Route::ListRunners(repo) => {
                 let runners: Vec<Value> = sim
@@ -1313,10 +1358,14 @@ impl RunnerRegistry for GitHubForge {
 
 #[async_trait]
 impl Registrar for GitHubForge {
-    async fn mint(&self, repo: &RepoConfig) -> Result<Option<RegistrationToken>, PortError> {
+    async fn mint(
+        &self,
+        repo: &RepoConfig,
+        runner: RunnerIdentity<'_>,
+    ) -> Result<Option<Credential>, PortError> {
         let result = {
             let _minting = Minting::start(&self.http);
-            self.client().mint(repo).await
+            self.client().mint(repo, runner).await
         };
         self.held_back(Scope::Mint(repo.repo.clone()), repo, &result);
         result
@@ -1604,15 +1653,34 @@ mod tests {
     }
 
     #[test]
-    fn app_repos_mint_canary_tokens_and_vault_repos_mint_nothing() {
+    fn app_repos_mint_canary_jit_configs_and_vault_repos_mint_nothing() {
         let shared = quiet_world();
         let forge = GitHubForge::new(&shared, true);
         let app = repo(&shared, APP_REPO);
         let vault = repo(&shared, VAULT_REPO);
+        let name = RunnerName("ci-runner-0123456789ab".into());
+        let labels = crate::model::LabelSet::parse(&["self-hosted"]).unwrap();
+        let runner = RunnerIdentity {
+            name: &name,
+            labels: &labels,
+        };
         runtime().block_on(async {
-            let token = forge.mint(&app).await.expect("minted").expect("a token");
-            assert!(secrecy::ExposeSecret::expose_secret(&token.0).starts_with(CANARY));
-            assert!(forge.mint(&vault).await.expect("nothing to mint").is_none());
+            let minted = forge
+                .mint(&app, runner)
+                .await
+                .expect("minted")
+                .expect("a config");
+            assert!(secrecy::ExposeSecret::expose_secret(minted.plain()).starts_with(CANARY));
+            let id = minted.runner_id().expect("a JIT config names its runner");
+            let registered = lock(&shared).world.registrations_of(&app.repo);
+            assert_eq!(registered, vec![(id, name.clone(), false, false)]);
+            assert!(
+                forge
+                    .mint(&vault, runner)
+                    .await
+                    .expect("nothing to mint")
+                    .is_none()
+            );
             assert_eq!(forge.client().repo_url(&app), forge.repo_url(&app));
         });
     }

@@ -19,7 +19,9 @@ use super::github_http::GitHubForge;
 use super::options::{ForgeKind, Options, Service};
 use super::trace::Trace;
 use super::world::{EPOCH_UNIX, Phase, Visible, World};
-use crate::act::{ChildControl, DispatchRequest, Dispatched, Registrar, RegistrationToken};
+use crate::act::{
+    ChildControl, Credential, DispatchRequest, Dispatched, Registrar, RunnerIdentity,
+};
 use crate::config::{Config, Mode, RepoConfig};
 use crate::control_loop::Services;
 use crate::model::{ChildId, ErrorClass, RepoName};
@@ -300,9 +302,9 @@ impl Sim {
         None
     }
 
-    pub(super) fn mint_canary(&mut self) -> RegistrationToken {
+    pub(super) fn mint_canary(&mut self) -> SecretString {
         self.mints += 1;
-        RegistrationToken(SecretString::from(format!("{CANARY}{:06}", self.mints)))
+        SecretString::from(format!("{CANARY}{:06}", self.mints))
     }
 }
 
@@ -350,7 +352,7 @@ fn mint_through(
     repo: &RepoConfig,
     service: Service,
     via_vault: bool,
-) -> Result<Option<RegistrationToken>, PortError> {
+) -> Result<Option<Credential>, PortError> {
     let mut sim = lock(shared);
     sim.call(Call {
         scope: Scope::Mint(repo.repo.clone()),
@@ -359,7 +361,7 @@ fn mint_through(
         budget: Some(budget_of(repo)),
         what: "create registration token",
     })?;
-    Ok(Some(sim.mint_canary()))
+    Ok(Some(Credential::RegistrationToken(sim.mint_canary())))
 }
 
 /// Forgejo (`forgejo` repos): no timestamps, no runner names; a claimed job reads as claimed.
@@ -404,7 +406,11 @@ impl QueueSource for ForgejoPort {
 
 #[async_trait]
 impl Registrar for ForgejoPort {
-    async fn mint(&self, repo: &RepoConfig) -> Result<Option<RegistrationToken>, PortError> {
+    async fn mint(
+        &self,
+        repo: &RepoConfig,
+        _runner: RunnerIdentity<'_>,
+    ) -> Result<Option<Credential>, PortError> {
         // The Forgejo API token comes from Vault, so a Vault outage stops minting too.
         mint_through(&self.0, repo, Service::Forgejo, true)
     }
@@ -518,7 +524,7 @@ impl ChildControl for NomadPort {
             .meta
             .runner_token
             .as_ref()
-            .map(|t| t.0.expose_secret().to_string());
+            .map(|t| t.expose_secret().to_string());
         let t = sim.t;
         let child = sim.world.dispatch(
             t,

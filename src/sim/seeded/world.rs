@@ -129,7 +129,9 @@ impl SimChild {
 pub struct Registration {
     pub repo: RepoName,
     pub name: RunnerName,
-    pub child: ChildId,
+    /// The child whose runner holds it; `None` for a JIT registration whose child was never
+    /// dispatched (GitHub registers a JIT runner when it makes its configuration).
+    pub child: Option<ChildId>,
 }
 
 /// A bucket's run of failed starts, as the world sees it (for the per-bucket half of I7).
@@ -619,15 +621,24 @@ impl World {
                     if let (Some(repo), Some(runner)) = (&child.repo, &child.runner)
                         && child.on_github()
                     {
-                        self.next_id += 1;
-                        let registration = self.next_id;
+                        // A JIT runner connects under the registration its config names; a
+                        // runner with a registration token registers now.
+                        let jit = self
+                            .registrations
+                            .iter()
+                            .find(|(_, r)| r.child.as_ref() == Some(id))
+                            .map(|(reg, _)| *reg);
+                        let registration = jit.unwrap_or_else(|| {
+                            self.next_id += 1;
+                            self.next_id
+                        });
                         child.registration = Some(registration);
                         self.registrations.insert(
                             registration,
                             Registration {
                                 repo: repo.clone(),
                                 name: runner.clone(),
-                                child: id.clone(),
+                                child: Some(id.clone()),
                             },
                         );
                     }
@@ -835,6 +846,12 @@ impl World {
                 registration: None,
             },
         );
+        // A JIT runner's registration belongs to the child dispatched under its name.
+        for registration in self.registrations.values_mut() {
+            if registration.child.is_none() && registration.name == *runner {
+                registration.child = Some(id.clone());
+            }
+        }
         self.counts.dispatches += 1;
         let child = &self.children[&id];
         if let Some(repo) = &child.repo
@@ -941,7 +958,7 @@ impl World {
             .iter()
             .filter(|(_, r)| r.repo == *repo)
             .map(|(id, r)| {
-                let child = self.children.get(&r.child);
+                let child = r.child.as_ref().and_then(|c| self.children.get(c));
                 let online = child
                     .is_some_and(|c| matches!(c.phase, Phase::Idle { .. } | Phase::Busy { .. }));
                 let busy = child.is_some_and(|c| match c.phase {
@@ -954,6 +971,36 @@ impl World {
                 (*id, r.name.clone(), online, busy)
             })
             .collect()
+    }
+
+    /// GitHub's `POST …/generate-jitconfig`: registers `name` offline before any runner
+    /// exists; `None` when a runner of that name is registered already (409).
+    pub fn register_jit(
+        &mut self,
+        t: u64,
+        repo: &RepoName,
+        name: &RunnerName,
+        trace: &mut Trace,
+    ) -> Option<u64> {
+        if self
+            .registrations
+            .values()
+            .any(|r| r.repo == *repo && r.name == *name)
+        {
+            return None;
+        }
+        self.next_id += 1;
+        let id = self.next_id;
+        self.registrations.insert(
+            id,
+            Registration {
+                repo: repo.clone(),
+                name: name.clone(),
+                child: None,
+            },
+        );
+        trace.record(t, format!("JIT runner {name} registered as {id}"));
+        Some(id)
     }
 
     /// GitHub's `DELETE …/runners/{id}`: refused while the runner executes a job (GitHub
@@ -970,7 +1017,10 @@ impl World {
             .get(&id)
             .filter(|r| r.repo == *repo)?
             .clone();
-        if let Some(child) = self.children.get(&registration.child)
+        if let Some(child) = registration
+            .child
+            .as_ref()
+            .and_then(|c| self.children.get(c))
             && let Phase::Busy { job } = child.phase
         {
             trace.record(
@@ -983,7 +1033,11 @@ impl World {
             return Some(false);
         }
         self.registrations.remove(&id);
-        if let Some(child) = self.children.get_mut(&registration.child) {
+        if let Some(child) = registration
+            .child
+            .as_ref()
+            .and_then(|c| self.children.get_mut(c))
+        {
             child.registration = None;
         }
         self.counts.deregistrations += 1;

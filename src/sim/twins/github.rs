@@ -60,6 +60,7 @@ pub(crate) struct Templates {
     pub(crate) token_repository: Value,
     registration_token: Value,
     runner: Value,
+    jit_config: Value,
 }
 
 pub(crate) static TEMPLATES: LazyLock<Templates> = LazyLock::new(|| {
@@ -86,6 +87,9 @@ pub(crate) static TEMPLATES: LazyLock<Templates> = LazyLock::new(|| {
         )),
         runner: parse(include_str!(
             "../../../tests/fixtures/github/get-runner-for-repo.response.json"
+        )),
+        jit_config: parse(include_str!(
+            "../../../tests/fixtures/github/generate-jitconfig.response.json"
         )),
     }
 });
@@ -959,6 +963,7 @@ enum Endpoint {
     ListJobs(u64),
     GetJob(u64),
     CreateRegistrationToken,
+    GenerateJitConfig,
     ListRunners,
     GetRunner(u64),
     DeleteRunner(u64),
@@ -978,6 +983,9 @@ impl Endpoint {
             Endpoint::CreateRegistrationToken => {
                 "POST /repos/{owner}/{repo}/actions/runners/registration-token"
             }
+            Endpoint::GenerateJitConfig => {
+                "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig"
+            }
             Endpoint::ListRunners => "GET /repos/{owner}/{repo}/actions/runners",
             Endpoint::GetRunner(_) => "GET /repos/{owner}/{repo}/actions/runners/{runner_id}",
             Endpoint::DeleteRunner(_) => "DELETE /repos/{owner}/{repo}/actions/runners/{runner_id}",
@@ -991,9 +999,9 @@ impl Endpoint {
                 Some(("actions", "read"))
             }
             Endpoint::ListRunners | Endpoint::GetRunner(_) => Some(("administration", "read")),
-            Endpoint::CreateRegistrationToken | Endpoint::DeleteRunner(_) => {
-                Some(("administration", "write"))
-            }
+            Endpoint::CreateRegistrationToken
+            | Endpoint::GenerateJitConfig
+            | Endpoint::DeleteRunner(_) => Some(("administration", "write")),
             _ => None,
         }
     }
@@ -1007,6 +1015,7 @@ impl Endpoint {
                 "https://docs.github.com/rest/actions/workflow-jobs"
             }
             Endpoint::CreateRegistrationToken
+            | Endpoint::GenerateJitConfig
             | Endpoint::ListRunners
             | Endpoint::GetRunner(_)
             | Endpoint::DeleteRunner(_) => {
@@ -1048,6 +1057,7 @@ fn parse_route(method: &Method, path: &str) -> Option<(Endpoint, Option<RepoRef>
         ("GET", ["actions", "runs", run, "jobs"]) => Endpoint::ListJobs(id(run)?),
         ("GET", ["actions", "jobs", job]) => Endpoint::GetJob(id(job)?),
         ("POST", ["actions", "runners", "registration-token"]) => Endpoint::CreateRegistrationToken,
+        ("POST", ["actions", "runners", "generate-jitconfig"]) => Endpoint::GenerateJitConfig,
         ("GET", ["actions", "runners"]) => Endpoint::ListRunners,
         ("GET", ["actions", "runners", runner]) => Endpoint::GetRunner(id(runner)?),
         ("DELETE", ["actions", "runners", runner]) => Endpoint::DeleteRunner(id(runner)?),
@@ -1486,6 +1496,9 @@ impl Twin {
                         format!("{permission}={level}"),
                     )
                 }
+                _ if endpoint == Endpoint::GenerateJitConfig => {
+                    self.generate_jit_config(&repo, body)
+                }
                 _ => self.repo_endpoint(endpoint, &repo, &Query::parse(uri.query()), base),
             },
         };
@@ -1704,6 +1717,71 @@ impl Twin {
         Reply::json(StatusCode::CREATED, body)
     }
 
+    /// `POST …/actions/runners/generate-jitconfig` (API-CONTRACTS §1.5): validates the body
+    /// as GitHub documents it, registers the runner offline under the given name and labels,
+    /// and answers 201 with the runner and an encoded configuration that is a fresh secret.
+    fn generate_jit_config(&mut self, repo: &RepoName, body: &[u8]) -> Reply {
+        const DOCS: &str = "https://docs.github.com/rest/actions/self-hosted-runners#create-configuration-for-a-just-in-time-runner-for-a-repository";
+        let Ok(request) = serde_json::from_slice::<Value>(body) else {
+            return Reply::error(StatusCode::BAD_REQUEST, "Problems parsing JSON", DOCS);
+        };
+        let invalid = |what: &str| {
+            Reply::error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                &format!("Invalid request.\n\n{what}"),
+                DOCS,
+            )
+        };
+        let Some(name) = request["name"].as_str() else {
+            return invalid("\"name\" wasn't supplied.");
+        };
+        if request["runner_group_id"].as_u64().is_none() {
+            return invalid("\"runner_group_id\" wasn't supplied.");
+        }
+        let labels: Option<Vec<String>> = request["labels"].as_array().and_then(|labels| {
+            labels
+                .iter()
+                .map(|l| l.as_str().map(str::to_string))
+                .collect()
+        });
+        let Some(labels) = labels.filter(|l| (1..=100).contains(&l.len())) else {
+            return invalid("\"labels\" must be an array of 1 to 100 strings.");
+        };
+        if !request["work_folder"].is_null() && !request["work_folder"].is_string() {
+            return invalid("\"work_folder\" must be a string.");
+        }
+        if self
+            .repos
+            .get(repo)
+            .is_some_and(|state| state.runners.values().any(|r| r.name == name))
+        {
+            return Reply::error(
+                StatusCode::CONFLICT,
+                "Already exists - A runner with the name already exists.",
+                DOCS,
+            );
+        }
+        let id = self.id();
+        let runner = RunnerState {
+            id,
+            name: name.to_string(),
+            labels,
+            online: false,
+            busy: false,
+        };
+        let mut body = TEMPLATES.jit_config.clone();
+        body["runner"] = runner_json(&runner);
+        body["runner"]["os"] = json!("unknown");
+        let secret = random_string(40, b"abcdefghijklmnopqrstuvwxyz0123456789");
+        use base64::Engine;
+        let encoded = base64::engine::general_purpose::STANDARD
+            .encode(json!({ ".runner": name, ".credentials": secret }).to_string());
+        body["encoded_jit_config"] = json!(encoded);
+        self.issued.push(encoded);
+        self.repo_mut(repo).runners.insert(id, runner);
+        Reply::json(StatusCode::CREATED, body)
+    }
+
     fn repo_endpoint(
         &mut self,
         endpoint: Endpoint,
@@ -1778,6 +1856,8 @@ impl Twin {
                 Some(job) => Reply::json(StatusCode::OK, job_json(repo, job, base)),
                 None => Reply::not_found(),
             },
+            // Served by `generate_jit_config`, which registers the runner.
+            Endpoint::GenerateJitConfig => Reply::not_found(),
             Endpoint::CreateRegistrationToken => {
                 let token = random_string(29, b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567");
                 let mut body = TEMPLATES.registration_token.clone();
