@@ -16,7 +16,7 @@ mod takeback;
 pub use takeback::{CRASH_BACKOFF_FIRST, CRASH_BACKOFF_MAX, crash_delay};
 
 use crate::act::execute::{ActReport, DispatchOutcome, carry_out};
-use crate::act::{ChildControl, Registrar, Registrars, RunnerRegistry};
+use crate::act::{ChildControl, CredentialWrapper, Registrar, Registrars, RunnerRegistry};
 use crate::config::watch::{ConfigState, DocumentSource, Fetched};
 use crate::config::{Config, Mode};
 use crate::model::{BucketKey, ChildId, ErrorClass, RATE_LIMIT_WAIT_MAX_S, RepoName};
@@ -41,6 +41,8 @@ pub struct Services {
     pub forgejo: Option<Forge>,
     pub children: Arc<dyn ChildSource>,
     pub control: Arc<dyn ChildControl>,
+    /// Vault response wrapping for credentials in dispatch meta; `None` without Vault.
+    pub wrapper: Option<Arc<dyn CredentialWrapper>>,
 }
 
 impl Services {
@@ -65,7 +67,14 @@ impl Services {
             }),
             children: nomad.clone(),
             control: nomad,
+            wrapper: None,
         }
+    }
+
+    /// Wraps every credential with `wrapper` before it goes into dispatch meta.
+    pub fn with_wrapper(mut self, wrapper: Arc<dyn CredentialWrapper>) -> Services {
+        self.wrapper = Some(wrapper);
+        self
     }
 
     pub fn forge(&self, mode: &Mode) -> Option<&Forge> {
@@ -84,6 +93,10 @@ impl Registrars for Services {
 
     fn runners_for(&self, mode: &Mode) -> Option<&dyn RunnerRegistry> {
         self.runner_registry(mode).map(|r| r.as_ref())
+    }
+
+    fn wrapper(&self) -> Option<&dyn CredentialWrapper> {
+        self.wrapper.as_deref()
     }
 }
 

@@ -202,7 +202,18 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
     )?);
     let forgejo = Arc::new(Forgejo::new(secrets, &TlsFiles::default(), timeout)?);
     Ok(Built {
-        services: Services::of(github, forgejo, nomad),
+        services: match &vault {
+            Some(vault) => Services::of(github, forgejo, nomad).with_wrapper(vault.clone()),
+            None => {
+                warn!(
+                    "VAULT_TOKEN is not set: runner credentials go into Nomad dispatch meta as \
+                     they are, readable by anyone with read-job in the runners' namespace; set \
+                     VAULT_TOKEN or VAULT_TOKEN_FILE so that each is wrapped in a single-use \
+                     Vault token"
+                );
+                Services::of(github, forgejo, nomad)
+            }
+        },
         consul,
         pause_key,
         loop_settings: LoopSettings {

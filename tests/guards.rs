@@ -426,6 +426,7 @@ async fn a_nomad_refusal_of_one_repos_dispatch_holds_that_repo_only() {
         forgejo: None,
         children: client,
         control: nomad.clone(),
+        wrapper: None,
     };
     let mut ctl = Controller::new(
         services,

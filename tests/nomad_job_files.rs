@@ -392,19 +392,36 @@ fn the_daemons_nomad_policy_grants_only_what_it_uses_in_ci_runners() {
     assert_eq!(rules.attributes().count(), 0);
 }
 
+/// The default of a Terraform variable in `terraform/variables.tf`.
+fn variable_default(name: &str) -> String {
+    let variables = parse("terraform/variables.tf");
+    text(attr(
+        labelled(&variables, "variable", &[name]).body(),
+        "default",
+    ))
+}
+
 #[test]
-fn the_consul_policy_reads_exactly_the_document() {
+fn the_consul_policy_reads_exactly_the_document_and_the_pause_key() {
     let consul = parse("terraform/consul.tf");
     let policy = labelled(
         &consul,
         "resource",
         &["consul_acl_policy", "runner_scaler_config"],
     );
-    let rules = parse_text(&text(attr(policy.body(), "rules")), "rules");
+    // The rules name the keys through the variables the daemon's settings mirror.
+    let rules = text(attr(policy.body(), "rules"))
+        .replace("${var.config_key}", &variable_default("config_key"))
+        .replace("${var.pause_key}", &variable_default("pause_key"));
+    let rules = parse_text(&rules, "rules");
 
-    assert_eq!(rules.blocks().count(), 1, "one rule only");
-    let key = labelled(&rules, "key", &["runners/config"]);
-    assert_eq!(text(attr(key.body(), "policy")), "read");
+    let keys: Vec<&Block> = blocks(&rules, "key");
+    assert_eq!(rules.blocks().count(), keys.len(), "key rules only");
+    let named: BTreeSet<&str> = keys.iter().map(|k| label_text(&k.labels()[0])).collect();
+    assert_eq!(named, BTreeSet::from(["runners/config", "runners/paused"]));
+    for key in keys {
+        assert_eq!(text(attr(key.body(), "policy")), "read");
+    }
 }
 
 /// Every image in `nomad/` is pinned to a version or a digest: a moving tag changes the

@@ -227,3 +227,54 @@ async fn the_client_reads_the_documented_read_body() {
     let value = vault.read_field("my-secret", "foo").await.unwrap();
     assert_eq!(value.expose_secret(), "bar");
 }
+
+#[tokio::test]
+async fn wrapping_answers_the_documented_shape_and_unwraps_once() {
+    let (twin, server) = twin().await;
+    let wrapped: Value = http()
+        .post(format!("{}/v1/sys/wrapping/wrap", server.base_url()))
+        .header("X-Vault-Token", ROOT)
+        .header("X-Vault-Wrap-TTL", "300")
+        .json(&fixture("wrapping-wrap.request.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_same_shape(&fixture("wrapping-wrap.response.json"), &wrapped, "wrap");
+    assert_eq!(wrapped["data"], Value::Null);
+    assert_eq!(wrapped["wrap_info"]["ttl"], 300);
+    assert_eq!(wrapped["wrap_info"]["creation_path"], "sys/wrapping/wrap");
+    let token = wrapped["wrap_info"]["token"].as_str().unwrap().to_string();
+    assert_eq!(twin.wrapping_tokens(), std::slice::from_ref(&token));
+
+    let unwrap = || {
+        http()
+            .post(format!("{}/v1/sys/wrapping/unwrap", server.base_url()))
+            .header("X-Vault-Token", &token)
+            .send()
+    };
+    let first = unwrap().await.unwrap();
+    assert_eq!(first.status(), 200);
+    let first: Value = first.json().await.unwrap();
+    assert_eq!(first["data"], fixture("wrapping-wrap.request.json"));
+    let second = unwrap().await.unwrap();
+    assert_eq!(second.status(), 400);
+    let second: Value = second.json().await.unwrap();
+    assert_same_shape(&fixture("error.response.json"), &second, "error");
+    assert_eq!(
+        second["errors"][0],
+        runner_scaler::sim::twins::vault::WRAPPING_TOKEN_INVALID
+    );
+
+    // Without a TTL Vault has nothing to wrap for.
+    let refused = http()
+        .post(format!("{}/v1/sys/wrapping/wrap", server.base_url()))
+        .header("X-Vault-Token", ROOT)
+        .json(&fixture("wrapping-wrap.request.json"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+}

@@ -22,6 +22,11 @@ pub const DISPATCH_ATTEMPTS_MAX: u32 = 3;
 /// Pause before the second attempt; doubled for each further one.
 pub const DISPATCH_RETRY_DELAY: Duration = Duration::from_millis(250);
 
+/// How long a wrapped credential can be unwrapped: the life of a GitHub registration token.
+/// A child not placed within the placement timeout (50 minutes by default) is replaced with
+/// a fresh credential anyway.
+pub const WRAP_TTL: Duration = Duration::from_secs(3600);
+
 /// What happened to one planned dispatch.
 #[derive(Debug)]
 pub enum DispatchOutcome {
@@ -195,13 +200,42 @@ pub async fn carry_out(
                 continue;
             }
         };
+        // With Vault, what Nomad stores is a single-use wrapping token, never the credential;
+        // without it the plain credential goes (the daemon warned at startup). A credential
+        // that cannot be wrapped is not sent plain instead.
+        let runner_token = match (&credential, registrars.wrapper()) {
+            (None, _) => None,
+            (Some(credential), None) => Some(credential.plain().clone()),
+            (Some(credential), Some(wrapper)) => {
+                match wrapper
+                    .wrap(credential.wrapped_field(), credential.plain(), WRAP_TTL)
+                    .await
+                {
+                    Ok(token) => Some(token),
+                    Err(error) => {
+                        failed_repos.insert(bucket.repo.clone());
+                        let error = error.context(format!(
+                            "wrap the {} of runner {runner_name} of {}",
+                            credential.kind(),
+                            bucket.repo
+                        ));
+                        report.dispatches.push(DispatchOutcome::MintFailed {
+                            bucket,
+                            parent,
+                            error,
+                        });
+                        continue;
+                    }
+                }
+            }
+        };
         let request = DispatchRequest {
             parent: parent.clone(),
             meta: DispatchMeta {
                 repo_url: registrar.repo_url(repo),
                 labels: bucket.labels.to_meta(),
                 runner_name,
-                runner_token: credential.as_ref().map(|c| c.plain().clone()),
+                runner_token,
             },
             idempotency_token: random_hex(rng, 32),
         };

@@ -97,6 +97,20 @@ pub trait Registrar: Send + Sync {
     fn repo_url(&self, repo: &RepoConfig) -> String;
 }
 
+/// Wraps credentials with Vault response wrapping (`POST sys/wrapping/wrap`), so that what
+/// Nomad stores in dispatch meta is a single-use token and not the credential itself.
+/// Implemented by the Vault client.
+#[async_trait]
+pub trait CredentialWrapper: Send + Sync {
+    /// A wrapping token for the object `{field: value}`, unwrappable once within `ttl`.
+    async fn wrap(
+        &self,
+        field: &str,
+        value: &SecretString,
+        ttl: std::time::Duration,
+    ) -> Result<SecretString, PortError>;
+}
+
 /// Finds the registrar for a repo's mode.
 pub trait Registrars: Sync {
     /// `None` when the daemon has no client for `mode`.
@@ -104,6 +118,11 @@ pub trait Registrars: Sync {
 
     /// The runner registrations of `mode`'s repos; `None` where the daemon has no such API.
     fn runners_for(&self, mode: &Mode) -> Option<&dyn RunnerRegistry>;
+
+    /// Where credentials are wrapped before they go into dispatch meta; `None` without Vault.
+    fn wrapper(&self) -> Option<&dyn CredentialWrapper> {
+        None
+    }
 }
 
 /// The meta a child is dispatched with.

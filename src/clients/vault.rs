@@ -103,6 +103,12 @@ pub struct VaultKv {
     mount: String,
     /// `scheme://host:port` of Vault, for errors.
     origin: String,
+    /// For `sys/wrapping/wrap`, which vaultrs offers only with a fixed TTL: the same client
+    /// (no redirects followed), Vault's address, the daemon's token and namespace.
+    http: reqwest::Client,
+    addr: Url,
+    token: SecretString,
+    namespace: Option<String>,
 }
 
 impl VaultKv {
@@ -142,7 +148,8 @@ impl VaultKv {
             .identity(None)
             .verify(true)
             .timeout(Some(REQUEST_TIMEOUT_DEFAULT));
-        if let Some(namespace) = settings.namespace {
+        let client_namespace = settings.namespace.clone();
+        if let Some(namespace) = settings.namespace.clone() {
             builder.set_namespace(namespace);
         }
         // The builder's error and the settings' Debug would show the token: neither is printed.
@@ -163,7 +170,7 @@ impl VaultKv {
         // would travel to wherever a 3xx points (a standby's redirect, a proxy). Its `http`
         // field is public; the replacement follows none, and vaultrs's middleware still adds
         // the token and the namespace to every request.
-        client.http.http = build_client(
+        let http = build_client(
             "Vault",
             &TlsFiles {
                 ca_cert: settings.ca_cert.clone(),
@@ -171,10 +178,15 @@ impl VaultKv {
             },
             REQUEST_TIMEOUT_DEFAULT,
         )?;
+        client.http.http = http.clone();
         Ok(VaultKv {
             client,
             mount,
             origin: settings.addr.origin().ascii_serialization(),
+            http,
+            token: settings.token.clone(),
+            namespace: client_namespace,
+            addr: settings.addr,
         })
     }
 
@@ -270,6 +282,91 @@ impl VaultKv {
                 self.mount
             ),
         )
+    }
+}
+
+/// `POST sys/wrapping/wrap` (API-CONTRACTS 4.4): the daemon's token authenticates, the TTL
+/// goes in `X-Vault-Wrap-TTL`, the body is the object to wrap; the answer's
+/// `wrap_info.token` is the single-use token. The body and the answer are never shown in an
+/// error: they hold the credential.
+#[async_trait]
+impl crate::act::CredentialWrapper for VaultKv {
+    async fn wrap(
+        &self,
+        field: &str,
+        value: &SecretString,
+        ttl: std::time::Duration,
+    ) -> Result<SecretString, PortError> {
+        let doing = format!("wrap a runner credential in Vault at {}", self.origin);
+        let url = self
+            .addr
+            .join("v1/sys/wrapping/wrap")
+            .map_err(|e| PortError::new(ErrorClass::Configuration, format!("{doing}: {e}")))?;
+        let mut token = reqwest::header::HeaderValue::from_str(self.token.expose_secret())
+            .map_err(|_| {
+                PortError::new(
+                    ErrorClass::Configuration,
+                    format!("{doing}: VAULT_TOKEN is not a valid header value"),
+                )
+            })?;
+        token.set_sensitive(true);
+        let mut body = Map::new();
+        body.insert(
+            field.to_string(),
+            Value::String(value.expose_secret().to_string()),
+        );
+        let mut request = self
+            .http
+            .post(url)
+            .header("X-Vault-Token", token)
+            .header("X-Vault-Wrap-TTL", format!("{}s", ttl.as_secs().max(1)))
+            .json(&body);
+        if let Some(namespace) = &self.namespace {
+            request = request.header("X-Vault-Namespace", namespace);
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|e| crate::clients::http::transport_error("Vault", &doing, &e))?;
+        let status = response.status();
+        if status.is_redirection() {
+            return Err(crate::clients::http::redirect_refused(
+                "Vault", &doing, status,
+            ));
+        }
+        if !status.is_success() {
+            // Vault's error bodies name the problem and never echo the request.
+            let text = response.text().await.unwrap_or_default();
+            let detail = serde_json::from_str::<Value>(&text)
+                .ok()
+                .and_then(|v| {
+                    v["errors"].as_array().map(|e| {
+                        e.iter()
+                            .filter_map(Value::as_str)
+                            .take(3)
+                            .map(|m| crate::model::clip_chars(m.trim(), 200))
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    })
+                })
+                .filter(|d| !d.is_empty())
+                .map(|d| format!(": {d}"))
+                .unwrap_or_default();
+            return Err(status_error(&doing, status.as_u16(), &detail));
+        }
+        let answer: Value = response.json().await.map_err(|_| {
+            PortError::new(
+                ErrorClass::Malformed,
+                format!("{doing}: the response is not JSON"),
+            )
+        })?;
+        match answer["wrap_info"]["token"].as_str() {
+            Some(token) if !token.is_empty() => Ok(SecretString::from(token.to_string())),
+            _ => Err(PortError::new(
+                ErrorClass::Malformed,
+                format!("{doing}: the response has no wrap_info.token"),
+            )),
+        }
     }
 }
 

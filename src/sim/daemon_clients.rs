@@ -80,7 +80,11 @@ impl TwinAddresses {
             },
             vault.clone(),
         )?);
-        let forgejo = Arc::new(Forgejo::new(vault, &TlsFiles::default(), request_timeout)?);
+        let forgejo = Arc::new(Forgejo::new(
+            vault.clone(),
+            &TlsFiles::default(),
+            request_timeout,
+        )?);
         let mut nomad_settings = NomadSettings::new(url("Nomad", &self.nomad)?);
         nomad_settings.token = Some(SecretString::from(credentials.nomad_token));
         let nomad = Arc::new(NomadClient::new(nomad_settings, request_timeout)?);
@@ -95,7 +99,8 @@ impl TwinAddresses {
             credentials.config_key,
         )?;
         Ok(DaemonClients {
-            services: Services::of(github, forgejo, nomad),
+            // Credentials go into dispatch meta wrapped, as the daemon wraps them with Vault.
+            services: Services::of(github, forgejo, nomad).with_wrapper(vault),
             consul,
         })
     }

@@ -529,6 +529,7 @@ impl MemoryWorld {
             forgejo: Some(forge()),
             children: Arc::new(self.clone()),
             control: Arc::new(self.clone()),
+            wrapper: None,
         }
     }
 }

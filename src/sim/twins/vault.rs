@@ -1,5 +1,7 @@
 //! Twin of Vault's KV v2 secrets engine: read and write of `/v1/{mount}/data/{path}`, tokens
-//! with per-path read policies, namespaces recorded, and a sealed switch.
+//! with per-path read policies, namespaces recorded, and a sealed switch; and of response
+//! wrapping (`sys/wrapping/wrap` and `sys/wrapping/unwrap`), which every token may use as
+//! Vault's built-in `default` policy allows.
 //!
 //! Shapes follow Vault's documentation and the KV v2 plugin source (`path_data.go`): a read
 //! answers the full response envelope; a never-written path is 404 `{"errors":[]}`; a
@@ -13,7 +15,7 @@ use axum::Router;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use chrono::{DateTime, SecondsFormat, Utc};
 use rand::Rng;
 use serde::Deserialize;
@@ -75,7 +77,22 @@ struct VaultState {
     secrets: HashMap<(String, String), Secret>,
     sealed: bool,
     requests: Vec<VaultRequest>,
+    /// Wrapping token → what it wraps, until unwrapped once or expired.
+    wrapped: HashMap<String, Wrapped>,
+    /// Every wrapping token ever issued.
+    wrapping_tokens: Vec<String>,
 }
+
+struct Wrapped {
+    data: Map<String, Value>,
+    expires_at: DateTime<Utc>,
+}
+
+/// Vault's answer to a wrapping token used twice, or expired.
+pub const WRAPPING_TOKEN_INVALID: &str = "wrapping token is not valid or does not exist";
+
+const WRAP_TEMPLATE: &str =
+    include_str!("../../../tests/fixtures/vault/wrapping-wrap.response.json");
 
 /// Shared handle on the twin's state: tests and the simulated world move it while the server
 /// answers from it.
@@ -106,6 +123,8 @@ impl VaultTwin {
                 "/v1/{mount}/data/{*path}",
                 get(read_secret).post(write_secret).put(write_secret),
             )
+            .route("/v1/sys/wrapping/wrap", post(wrap).put(wrap))
+            .route("/v1/sys/wrapping/unwrap", post(unwrap).put(unwrap))
             .fallback(no_handler)
             .with_state(self.clone())
     }
@@ -177,6 +196,11 @@ impl VaultTwin {
     }
 
     /// Requests for one API path (`secret/data/forgejo/scaler`).
+    /// Every wrapping token the twin issued, unwrapped or not.
+    pub fn wrapping_tokens(&self) -> Vec<String> {
+        self.lock().wrapping_tokens.clone()
+    }
+
     pub fn requests_for(&self, api_path: &str) -> Vec<VaultRequest> {
         self.lock()
             .requests
@@ -391,6 +415,117 @@ async fn write_secret(
         }
     };
     twin.set_last_status(response.status());
+    response
+}
+
+/// `X-Vault-Wrap-TTL`: whole seconds, or a duration such as `90s`, `10m`, `1h`.
+fn wrap_ttl_s(headers: &HeaderMap) -> Option<u64> {
+    let raw = headers.get("x-vault-wrap-ttl")?.to_str().ok()?.trim();
+    let (number, unit) = match raw.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => raw.split_at(i),
+        None => (raw, "s"),
+    };
+    let n: u64 = number.parse().ok()?;
+    let unit_s = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        _ => return None,
+    };
+    n.checked_mul(unit_s).filter(|ttl| *ttl > 0)
+}
+
+/// `POST /v1/sys/wrapping/wrap`: the body (a JSON object) is kept under a fresh single-use
+/// token for the TTL the header asks; the answer carries `data: null` and the `wrap_info`.
+async fn wrap(
+    State(twin): State<VaultTwin>,
+    method: Method,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let api_path = "sys/wrapping/wrap";
+    let mut state = twin.lock();
+    let known = token_of(&headers).is_some_and(|t| state.tokens.contains_key(&t));
+    let response = if state.sealed {
+        errors(StatusCode::SERVICE_UNAVAILABLE, &["Vault is sealed"])
+    } else if !known {
+        errors(StatusCode::FORBIDDEN, &["permission denied"])
+    } else {
+        match (
+            wrap_ttl_s(&headers),
+            serde_json::from_slice::<Map<String, Value>>(&body),
+        ) {
+            (None, _) => errors(
+                StatusCode::BAD_REQUEST,
+                &["wrapping requested but no valid X-Vault-Wrap-TTL given"],
+            ),
+            (_, Err(_)) => errors(StatusCode::BAD_REQUEST, &["error parsing JSON"]),
+            (Some(ttl), Ok(data)) => {
+                let token = format!("hvs.{}", request_id().replace('-', ""));
+                let now = Utc::now();
+                state.wrapped.insert(
+                    token.clone(),
+                    Wrapped {
+                        data,
+                        expires_at: now + chrono::Duration::seconds(ttl as i64),
+                    },
+                );
+                state.wrapping_tokens.push(token.clone());
+                let mut answer: Value =
+                    serde_json::from_str(WRAP_TEMPLATE).expect("the fixture is JSON");
+                answer["request_id"] = json!(request_id());
+                answer["wrap_info"]["token"] = json!(token);
+                answer["wrap_info"]["ttl"] = json!(ttl);
+                answer["wrap_info"]["creation_time"] = json!(timestamp(&now));
+                (StatusCode::OK, axum::Json(answer)).into_response()
+            }
+        }
+    };
+    state.requests.push(VaultRequest {
+        method: method.to_string(),
+        path: api_path.to_string(),
+        namespace: None,
+        status: response.status().as_u16(),
+    });
+    response
+}
+
+/// `POST /v1/sys/wrapping/unwrap`: with the wrapping token as `X-Vault-Token` and no body,
+/// or another valid token and `{"token": …}`, never both. The first unwrap answers the
+/// wrapped object as `data`; every later one, and an expired token, 400.
+async fn unwrap(
+    State(twin): State<VaultTwin>,
+    method: Method,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let mut state = twin.lock();
+    let header_token = token_of(&headers);
+    let body_token = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|b| b["token"].as_str().map(str::to_string));
+    let wrapping_token = match (&header_token, body_token) {
+        // Another token authenticates the call; the body names the wrapping token.
+        (Some(caller), Some(named)) if state.tokens.contains_key(caller) => Some(named),
+        (Some(_), Some(_)) => None,
+        (header, None) => header.clone(),
+        (None, Some(_)) => None,
+    };
+    let now = Utc::now();
+    let response = match wrapping_token.and_then(|t| state.wrapped.remove(&t)) {
+        Some(wrapped) if wrapped.expires_at > now => (
+            StatusCode::OK,
+            axum::Json(envelope(Value::Object(wrapped.data))),
+        )
+            .into_response(),
+        _ => errors(StatusCode::BAD_REQUEST, &[WRAPPING_TOKEN_INVALID]),
+    };
+    state.requests.push(VaultRequest {
+        method: method.to_string(),
+        path: "sys/wrapping/unwrap".to_string(),
+        namespace: None,
+        status: response.status().as_u16(),
+    });
     response
 }
 
