@@ -3,6 +3,8 @@
 //! Nothing here ever receives a secret: outcomes carry runner names, child ids and classified
 //! error messages, and the registration token stays inside the act step.
 
+pub mod record;
+
 use serde::Serialize;
 use tracing::{debug, info, warn};
 
