@@ -202,6 +202,11 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
                     placement_timeout: args.placement_timeout,
                 },
             },
+            metrics: Arc::new(crate::metrics::Metrics::new(
+                args.poll_interval,
+                args.stuck_after,
+                crate::clock::Clock::now(&crate::clock::SystemClock),
+            )),
             ..LoopSettings::default()
         },
         defaults: ConfigDefaults {
@@ -244,16 +249,41 @@ async fn daemon(args: DaemonArgs) -> ExitCode {
         Ok(built) => built,
         Err(e) => return bad_settings(e),
     };
+    // Bound before anything starts: a port in use is a bad setting, reported at once.
+    let listener = match args.listen_addr() {
+        Ok(Some(addr)) => match crate::serve::bind(addr).await {
+            Ok(listener) => Some(listener),
+            Err(e) => return bad_settings(e),
+        },
+        Ok(None) => None,
+        Err(e) => return bad_settings(e),
+    };
+    let metrics = built.loop_settings.metrics.clone();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
+    let server = listener.map(|listener| {
+        let endpoints = crate::serve::Endpoints {
+            metrics: metrics.clone(),
+            clock: Arc::new(crate::clock::SystemClock),
+        };
+        crate::serve::spawn(
+            listener,
+            crate::serve::router(endpoints),
+            stopped(stop_rx.clone()),
+        )
+    });
     let (config_rx, watcher) = crate::config::watch::spawn(
         built.consul,
         built.defaults,
         WatchSettings::default(),
         stopped(stop_rx.clone()),
     );
+    tokio::spawn(crate::report::record::count_config_rejections(
+        metrics,
+        config_rx.clone(),
+    ));
     let controller = Controller::new(
         built.services,
         built.loop_settings,
@@ -261,6 +291,7 @@ async fn daemon(args: DaemonArgs) -> ExitCode {
     );
     info!(
         poll_interval = %humantime::format_duration(args.poll_interval),
+        listen = %args.listen,
         "runner-scaler started"
     );
     crate::control_loop::run(controller, config_rx, &crate::clock::SystemClock, async {
@@ -269,6 +300,9 @@ async fn daemon(args: DaemonArgs) -> ExitCode {
     .await;
     let _ = stop_tx.send(true);
     let _ = watcher.await;
+    if let Some(server) = server {
+        let _ = server.await;
+    }
     info!("runner-scaler stopped");
     ExitCode::SUCCESS
 }
