@@ -493,6 +493,71 @@ impl Metrics {
         self.facts().clone()
     }
 
+    /// A registry in which every metric has one series (placeholder labels): the encoding
+    /// then names every metric the daemon can export, which an empty family would not (it
+    /// is left out of a scrape). For checking alert rules and dashboards against.
+    pub fn specimen() -> Metrics {
+        let metrics = Metrics::default();
+        let bucket = BucketLabels {
+            repo: "owner/repo".into(),
+            parent: "parent".into(),
+            labels: "label".into(),
+        };
+        let repo = RepoLabels {
+            repo: "owner/repo".into(),
+        };
+        let parent = ParentLabels {
+            repo: "owner/repo".into(),
+            parent: "parent".into(),
+        };
+        let crash = CrashLabels {
+            repo: "owner/repo".into(),
+            labels: "label".into(),
+        };
+        let m = &metrics;
+        for family in [&m.queued, &m.in_progress, &m.in_flight] {
+            family.get_or_create(&bucket).set(0);
+        }
+        for family in [&m.wait_dispatched, &m.wait_started] {
+            family.get_or_create(&repo).observe(0.0);
+        }
+        m.oldest_queued_age.get_or_create(&repo).set(0);
+        for family in [&m.dispatches, &m.dispatches_deduplicated] {
+            family.get_or_create(&parent).inc_by(0);
+        }
+        m.dispatch_failures
+            .get_or_create(&FailureLabels {
+                repo: "owner/repo".into(),
+                parent: "parent".into(),
+                stage: "mint".into(),
+            })
+            .inc_by(0);
+        m.credential_mints
+            .get_or_create(&ResultLabels {
+                repo: "owner/repo".into(),
+                result: "ok".into(),
+            })
+            .inc_by(0);
+        m.purges
+            .get_or_create(&OutcomeLabels {
+                outcome: "purged".into(),
+            })
+            .inc_by(0);
+        m.reap_decisions
+            .get_or_create(&ReapLabels {
+                outcome: "kept".into(),
+                verdict: "idle".into(),
+            })
+            .inc_by(0);
+        for family in [&m.failed_starts, &m.crash_backoff] {
+            family.get_or_create(&crash).set(0);
+        }
+        count_request(Service::GitHub, Some(200));
+        CLIENT_COUNTS.conditional_hits.inc_by(0);
+        set_rate_limit_remaining("app", 5000);
+        metrics
+    }
+
     fn facts(&self) -> std::sync::MutexGuard<'_, HealthFacts> {
         // A panic while holding this lock leaves plain data behind, still worth reading.
         self.facts.lock().unwrap_or_else(|e| e.into_inner())
@@ -530,5 +595,13 @@ mod tests {
             }
         }
         assert!(text.contains("runner_scaler_api_requests_total{service=\"nomad\",class=\"2xx\"}"));
+    }
+
+    #[test]
+    fn the_specimen_shows_every_registered_metric() {
+        let source = include_str!("metrics.rs");
+        let registered = source.matches("registry.register(").count() - 1;
+        let shown = Metrics::specimen().encode().matches("# TYPE ").count();
+        assert_eq!(shown, registered, "a metric without a specimen series");
     }
 }
