@@ -507,3 +507,89 @@ fn every_alert_rule_names_only_metrics_the_daemon_exports() {
         assert!(alerts.iter().any(|a| a == expected), "no {expected}");
     }
 }
+
+/// Virtual wall time: `t0` plus the paused tokio clock's progress.
+struct VirtualClock {
+    t0: DateTime<Utc>,
+    start: tokio::time::Instant,
+}
+
+impl Clock for VirtualClock {
+    fn now(&self) -> DateTime<Utc> {
+        self.t0 + chrono::Duration::from_std(self.start.elapsed()).unwrap()
+    }
+}
+
+/// The loop itself over the in-memory world (no sockets, so the paused clock is exact):
+/// without a valid document it keeps turning (alive) but is not healthy, and it counts the
+/// rejection; with one it ticks, and is both.
+#[tokio::test(start_paused = true)]
+async fn the_loop_marks_itself_leader_and_a_rejected_document_fails_healthz_not_livez() {
+    use runner_scaler::config::watch::ConfigState;
+    use runner_scaler::config::{ConfigDefaults, parse_document};
+    use runner_scaler::serve::health::{healthz, livez};
+    use support::memory_loop::{SH, app_config, repo};
+
+    let t0 = Utc::now();
+    let clock = Arc::new(VirtualClock {
+        t0,
+        start: tokio::time::Instant::now(),
+    });
+    let world = runner_scaler::sim::memory::MemoryWorld::new(t0);
+    world.queue_job(&repo("acme/api"), SH);
+    let metrics = Arc::new(Metrics::new(POLL, STUCK_AFTER, t0));
+    let mut ctl = support::memory_loop::controller(&world);
+    ctl.settings.metrics = metrics.clone();
+    let errors = parse_document(
+        br#"{"acme/api": {"mode": "nope"}}"#,
+        &ConfigDefaults::default(),
+    )
+    .unwrap_err();
+    let (tx, rx) = tokio::sync::watch::channel(ConfigState {
+        errors,
+        ..ConfigState::default()
+    });
+    tokio::spawn(runner_scaler::report::record::count_config_rejections(
+        metrics.clone(),
+        rx.clone(),
+    ));
+    let scenario = {
+        let (metrics, clock, world) = (metrics.clone(), clock.clone(), world.clone());
+        async move {
+            tokio::time::sleep(POLL * 5).await;
+            let facts = metrics.health_facts();
+            assert!(facts.leader, "run marks the copy that ticks as leader");
+            assert!(livez(&facts, clock.now()).ok, "idle turns are turns");
+            let health = healthz(&facts, clock.now());
+            assert!(!health.ok);
+            assert!(
+                health
+                    .reasons
+                    .iter()
+                    .any(|r| r.starts_with("no valid configuration")),
+                "{health:?}"
+            );
+            assert_eq!(world.dispatch_count(), 0);
+
+            tx.send_replace(ConfigState {
+                config: Some(Arc::new(app_config(&[("acme/api", 3)]))),
+                applied_index: Some(2),
+                ..ConfigState::default()
+            });
+            tokio::time::sleep(POLL * 2).await;
+            assert_eq!(world.dispatch_count(), 1);
+            let facts = metrics.health_facts();
+            assert!(livez(&facts, clock.now()).ok);
+            let health = healthz(&facts, clock.now());
+            assert!(health.ok, "{health:?}");
+        }
+    };
+    runner_scaler::control_loop::run(ctl, rx, clock.as_ref(), scenario).await;
+    let text = metrics.encode();
+    assert!(
+        text.contains("runner_scaler_config_reload_errors_total 1\n"),
+        "{text}"
+    );
+    assert!(text.contains("runner_scaler_config_valid 1\n"), "{text}");
+    assert!(text.contains("runner_scaler_leader 1\n"), "{text}");
+}
