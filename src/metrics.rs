@@ -253,7 +253,12 @@ impl std::fmt::Debug for Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        Metrics::new(Duration::from_secs(15), STUCK_AFTER_DEFAULT, Utc::now())
+        use crate::clock::Clock;
+        Metrics::new(
+            Duration::from_secs(15),
+            STUCK_AFTER_DEFAULT,
+            crate::clock::SystemClock.now(),
+        )
     }
 }
 
