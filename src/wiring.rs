@@ -252,7 +252,13 @@ async fn daemon(args: DaemonArgs) -> ExitCode {
     // Bound before anything starts: a port in use is a bad setting, reported at once.
     let listener = match args.listen_addr() {
         Ok(Some(addr)) => match crate::serve::bind(addr).await {
-            Ok(listener) => Some(listener),
+            Ok(listener) => {
+                // The bound address, not the setting: port 0 picks one.
+                if let Ok(bound) = listener.local_addr() {
+                    info!(listen = %bound, "serving /metrics, /livez and /healthz");
+                }
+                Some(listener)
+            }
             Err(e) => return bad_settings(e),
         },
         Ok(None) => None,
@@ -291,7 +297,6 @@ async fn daemon(args: DaemonArgs) -> ExitCode {
     );
     info!(
         poll_interval = %humantime::format_duration(args.poll_interval),
-        listen = %args.listen,
         "runner-scaler started"
     );
     crate::control_loop::run(controller, config_rx, &crate::clock::SystemClock, async {

@@ -360,6 +360,10 @@ async fn metrics_are_scraped_with_their_label_sets_and_no_label_carries_an_id_or
         assert!(ok.unwrap_or(0.0) > 0.0, "{service}: {ok:?}");
     }
     assert!(
+        value(&samples, "runner_scaler_github_conditional_hits_total", &[]).unwrap_or(0.0) > 0.0,
+        "an unchanged listing is answered 304 on a later tick"
+    );
+    assert!(
         value(&samples, "runner_scaler_github_rate_limit_remaining", &[]).is_some(),
         "the twin sends x-ratelimit-remaining"
     );
