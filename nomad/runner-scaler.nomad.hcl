@@ -18,6 +18,35 @@ job "runner-scaler" {
       mode     = "delay"
     }
 
+    # The port of /metrics, /livez and /healthz. Dynamic: two copies may share a node.
+    network {
+      port "http" {}
+    }
+
+    # Registered in Nomad's own service catalogue (Nomad >= 1.4 runs http checks itself), so
+    # the daemon's Consul token needs no service:write. /livez fails only when the control
+    # loop stopped turning; check_restart turns three failures in a row into a restart.
+    # /healthz (a stuck queue, unreadable services) is for alerts, not restarts: a restart
+    # cures neither.
+    service {
+      name     = "runner-scaler"
+      provider = "nomad"
+      port     = "http"
+
+      check {
+        type     = "http"
+        path     = "/livez"
+        interval = "10s"
+        timeout  = "2s"
+
+        check_restart {
+          limit = 3
+          # The first tick may wait on every service's timeout; /livez allows three polls.
+          grace = "90s"
+        }
+      }
+    }
+
     # Nomad's Consul workload identity: Nomad logs in to Consul's `nomad-workloads` auth
     # method with the task's identity and writes a Consul token, bound (by
     # terraform/consul.tf) to the policy that reads runners/config only, to
@@ -30,6 +59,7 @@ job "runner-scaler" {
       config {
         image = "ghcr.io/afreidah/runner-scaler:0.1.0"
         args  = ["run"]
+        ports = ["http"]
       }
 
       # Vault workload identity: the `runner-scaler` JWT role (terraform/vault.tf) grants read
@@ -56,6 +86,10 @@ job "runner-scaler" {
         # Written by Nomad's Consul workload identity hook (client/allocrunner/taskrunner/
         # consul_hook.go); Consul's standard variable for a token kept in a file.
         CONSUL_HTTP_TOKEN_FILE = "${NOMAD_SECRETS_DIR}/consul_token"
+        # All interfaces of the container, on the port Nomad maps: in Docker's bridge
+        # network the host address of NOMAD_ADDR_http does not exist inside the container,
+        # so binding it would fail. Nothing served there carries a secret or an id.
+        RUNNER_SCALER_LISTEN = "0.0.0.0:${NOMAD_PORT_http}"
       }
 
       # Secrets come from files or the environment, never from flags (they would show in
@@ -82,9 +116,6 @@ job "runner-scaler" {
           {{- end }}
         EOT
       }
-
-      # A health check on /livez comes with the HTTP endpoint; until then Nomad restarts the
-      # task only when it exits.
 
       resources {
         cpu    = 200

@@ -278,6 +278,17 @@ pub struct DaemonArgs {
     /// its one-hour registration token expires.
     #[arg(long, env = "RUNNER_SCALER_PLACEMENT_TIMEOUT", default_value = "50m", value_parser = humantime::parse_duration, hide_env_values = true)]
     pub placement_timeout: Duration,
+    /// Where `run` serves /metrics, /livez and /healthz: an IP address and port, or `off`.
+    #[arg(
+        long,
+        env = "RUNNER_SCALER_LISTEN",
+        default_value = "127.0.0.1:9464",
+        hide_env_values = true
+    )]
+    pub listen: String,
+    /// /healthz fails when a bucket whose cap has room has had a job queued this long.
+    #[arg(long, env = "RUNNER_SCALER_STUCK_AFTER", default_value = "15m", value_parser = humantime::parse_duration, hide_env_values = true)]
+    pub stuck_after: Duration,
 }
 
 /// Reads a secret from `VAR`, or from the file `VAR_FILE` names. `Ok(None)` when neither is
@@ -307,6 +318,20 @@ pub fn read_secret_file(path: &std::path::Path, what: &str) -> Result<SecretStri
 }
 
 impl DaemonArgs {
+    /// `--listen` as an address, `None` for `off`.
+    pub fn listen_addr(&self) -> Result<Option<std::net::SocketAddr>, String> {
+        let value = self.listen.trim();
+        if value == "off" {
+            return Ok(None);
+        }
+        value.parse().map(Some).map_err(|_| {
+            format!(
+                "--listen (RUNNER_SCALER_LISTEN) must be an IP address and a port, like \
+                 127.0.0.1:9464 or [::]:9464, or `off`; got {value:?}"
+            )
+        })
+    }
+
     /// Refuses settings no daemon can run with, naming each (exit 64 before anything starts).
     pub fn validate(&self) -> Result<(), String> {
         let mut problems = Vec::new();
@@ -343,6 +368,16 @@ impl DaemonArgs {
         if self.default_job.trim().is_empty() {
             problems.push(
                 "--default-job (RUNNER_SCALER_DEFAULT_JOB) must name a Nomad job".to_string(),
+            );
+        }
+        if let Err(problem) = self.listen_addr() {
+            problems.push(problem);
+        }
+        if self.stuck_after.is_zero() {
+            problems.push(
+                "--stuck-after (RUNNER_SCALER_STUCK_AFTER) must be longer than 0s: every queued \
+                 job would count as stuck"
+                    .to_string(),
             );
         }
         if problems.is_empty() {
@@ -424,6 +459,10 @@ mod tests {
             (&["--config-key", ""], "--runner-scaler-config-key"),
             (&["--config-key", " "], "--runner-scaler-config-key"),
             (&["--default-job", ""], "--default-job"),
+            (&["--listen", "localhost"], "--listen"),
+            (&["--listen", "9464"], "--listen"),
+            (&["--listen", "example.com:9464"], "--listen"),
+            (&["--stuck-after", "0s"], "--stuck-after"),
         ] {
             let problem = args(flags).validate().expect_err(named);
             assert!(problem.starts_with(named), "{flags:?}: {problem}");
@@ -436,6 +475,36 @@ mod tests {
             "{both}"
         );
         assert!(args(&["--max-in-flight", "1"]).validate().is_ok());
+    }
+
+    #[test]
+    fn listen_is_an_address_or_off() {
+        let listen = |value: &str| {
+            let cli = Cli::try_parse_from(["runner-scaler", "run", "--listen", value]).unwrap();
+            let Command::Run { daemon: args, .. } = cli.command else {
+                panic!("not run")
+            };
+            args.listen_addr()
+        };
+        assert_eq!(listen("off"), Ok(None));
+        assert_eq!(
+            listen("0.0.0.0:9464").unwrap(),
+            Some("0.0.0.0:9464".parse().unwrap())
+        );
+        assert_eq!(
+            listen("[::1]:80").unwrap(),
+            Some("[::1]:80".parse().unwrap())
+        );
+        assert!(listen("on").is_err());
+        let default = Cli::try_parse_from(["runner-scaler", "run"]).unwrap();
+        let Command::Run { daemon: args, .. } = default.command else {
+            panic!("not run")
+        };
+        assert_eq!(
+            args.listen_addr().unwrap(),
+            Some("127.0.0.1:9464".parse().unwrap())
+        );
+        assert_eq!(args.stuck_after, Duration::from_secs(15 * 60));
     }
 
     #[test]

@@ -12,6 +12,7 @@ use rand::RngCore;
 use tracing::{debug, error, info, warn};
 
 mod takeback;
+mod waits;
 
 pub use takeback::{CRASH_BACKOFF_FIRST, CRASH_BACKOFF_MAX, crash_delay};
 
@@ -127,6 +128,8 @@ pub struct LoopSettings {
     /// How often the parents of our children are found from Nomad alone (besides the first
     /// tick): children of parents the document no longer names keep counting.
     pub discovery_interval: Duration,
+    /// Where ticks are counted and health facts kept; the `--listen` server reads it.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Default for LoopSettings {
@@ -138,6 +141,7 @@ impl Default for LoopSettings {
             terminal_retry: Duration::from_secs(600),
             transient_backoff_max: Duration::from_secs(300),
             discovery_interval: Duration::from_secs(600),
+            metrics: Arc::default(),
         }
     }
 }
@@ -194,6 +198,8 @@ pub struct Memory {
     pause_unreadable: Option<String>,
     /// When each bucket last got a runner.
     last_dispatch: BTreeMap<BucketKey, DateTime<Utc>>,
+    /// Jobs seen queued, to measure their wait when they start.
+    start_waits: waits::StartWaits,
 }
 
 /// Runs ticks over a set of services.
@@ -283,6 +289,7 @@ impl Controller {
         now: DateTime<Utc>,
         dry_run: bool,
     ) -> TickView {
+        let started = tokio::time::Instant::now();
         let snapshot = self.observe(config, config_version, now).await;
         let mut gaps: Vec<String> = snapshot
             .repos
@@ -361,6 +368,19 @@ impl Controller {
         let mut view = TickView::new(&plan, &judgements, Some(&act), gaps);
         self.annotate(&mut view, &plan, &snapshot, now);
         report::log_tick(&view);
+        report::record::record_tick(
+            &self.settings.metrics,
+            &report::record::TickRecord {
+                plan: &plan,
+                view: &view,
+                act: &act,
+                crash_backoff: &holds.crash_backoff,
+                started_waits: &self.memory.start_waits.observe(&snapshot, now),
+                observed_nomad_and_forge: report::record::observed_nomad_and_forge(&snapshot),
+                now,
+                took: started.elapsed(),
+            },
+        );
         view
     }
 
@@ -746,6 +766,10 @@ pub async fn run(
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut applied: Option<u64> = None;
     let mut last_idle_reason: Option<String> = None;
+    let metrics = controller.settings.metrics.clone();
+    metrics.set_poll_interval(controller.settings.poll_interval);
+    // Until the leader lock exists, the copy that runs ticks is the leader.
+    metrics.set_leader(true);
     loop {
         // Without a document, a change of the watcher's state is worth a tick at once: the
         // first read lands moments after start, and waiting a whole poll interval for it
@@ -758,7 +782,9 @@ pub async fn run(
             Ok(()) = config.changed(), if without_document => {}
         }
         let state = config.borrow_and_update().clone();
+        metrics.set_config_valid(state.config.is_some());
         let Some(document) = state.config.clone() else {
+            metrics.loop_turned(clock.now());
             // Before the watcher's first answer there is nothing to say yet.
             if state == ConfigState::default() {
                 continue;

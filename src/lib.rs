@@ -12,7 +12,10 @@
 //!   [`observe::Snapshot`] of one tick, where a failed source is a gap, not an abort.
 //! - [`plan`]: pure: (config, snapshot, memory, now) → [`plan::Plan`]. No I/O, no clock.
 //! - [`act`]: carries out a plan through the ports it defines (mint, dispatch, purge).
-//! - [`report`]: the one place that logs decisions and counts them.
+//! - [`report`]: the one place that logs decisions and counts them ([`report::record`]).
+//! - [`metrics`]: the metrics registry and the facts `/livez` and `/healthz` judge by; the
+//!   clients' request counters.
+//! - [`serve`]: the `--listen` server: `/metrics`, `/livez`, `/healthz`.
 //! - [`secrets`]: secret types and the port secrets are read through.
 //! - [`clients`]: GitHub, Forgejo, Nomad, Consul, Vault; wire types stay inside.
 //! - [`sim`]: twins of every service and the simulated world.
@@ -24,10 +27,12 @@ pub mod clients;
 pub mod clock;
 pub mod config;
 pub mod control_loop;
+pub mod metrics;
 pub mod model;
 pub mod observe;
 pub mod plan;
 pub mod report;
 pub mod secrets;
+pub mod serve;
 pub mod sim;
 pub mod wiring;

@@ -227,6 +227,11 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
                     placement_timeout: args.placement_timeout,
                 },
             },
+            metrics: Arc::new(crate::metrics::Metrics::new(
+                args.poll_interval,
+                args.stuck_after,
+                crate::clock::Clock::now(&crate::clock::SystemClock),
+            )),
             ..LoopSettings::default()
         },
         defaults: ConfigDefaults {
@@ -269,23 +274,63 @@ async fn daemon(args: DaemonArgs, dry_run: bool) -> ExitCode {
         Ok(built) => built,
         Err(e) => return bad_settings(e),
     };
+    // Bound before anything starts: a port in use is a bad setting, reported at once.
+    let listener = match args.listen_addr() {
+        Ok(Some(addr)) => match crate::serve::bind(addr).await {
+            Ok(listener) => {
+                // The bound address, not the setting: port 0 picks one.
+                if let Ok(bound) = listener.local_addr() {
+                    info!(listen = %bound, "serving /metrics, /livez and /healthz");
+                }
+                Some(listener)
+            }
+            Err(e) => return bad_settings(e),
+        },
+        Ok(None) => None,
+        Err(e) => return bad_settings(e),
+    };
+    let metrics = built.loop_settings.metrics.clone();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
+    let (last_tick_tx, last_tick) = tokio::sync::watch::channel(None);
+    let (_role_tx, role) = tokio::sync::watch::channel(if dry_run {
+        crate::report::live::Role::Shadow
+    } else {
+        crate::report::live::Role::Leader
+    });
+    let server = listener.map(|listener| {
+        let endpoints = crate::serve::Endpoints {
+            metrics: metrics.clone(),
+            clock: Arc::new(crate::clock::SystemClock),
+            last_tick,
+            role,
+        };
+        crate::serve::spawn(
+            listener,
+            crate::serve::router(endpoints),
+            stopped(stop_rx.clone()),
+        )
+    });
     let (config_rx, watcher) = crate::config::watch::spawn(
         built.consul,
         built.defaults,
         WatchSettings::default(),
         stopped(stop_rx.clone()),
     );
+    tokio::spawn(crate::report::record::count_config_rejections(
+        metrics,
+        config_rx.clone(),
+    ));
     let pause_key = built.pause_key.key().to_string();
     let controller = Controller::new(
         built.services,
         built.loop_settings,
         Box::new(StdRng::from_os_rng()),
     )
-    .with_pause_key(pause_key, Arc::new(built.pause_key));
+    .with_pause_key(pause_key, Arc::new(built.pause_key))
+    .with_status_publisher(last_tick_tx);
     if dry_run {
         info!(
             poll_interval = %humantime::format_duration(args.poll_interval),
@@ -309,6 +354,9 @@ async fn daemon(args: DaemonArgs, dry_run: bool) -> ExitCode {
     .await;
     let _ = stop_tx.send(true);
     let _ = watcher.await;
+    if let Some(server) = server {
+        let _ = server.await;
+    }
     info!("runner-scaler stopped");
     ExitCode::SUCCESS
 }

@@ -412,6 +412,8 @@ fn impossible_settings_exit_64_naming_the_setting() {
         (&["run", "--poll-interval", "0s"][..], "--poll-interval"),
         (&["run", "--request-timeout", "0s"], "--request-timeout"),
         (&["run", "--max-in-flight", "0"], "--max-in-flight"),
+        (&["run", "--listen", "localhost:9464"], "--listen"),
+        (&["run", "--stuck-after", "0s"], "--stuck-after"),
         (
             &["once", "--dry-run", "--config-key", ""],
             "--runner-scaler-config-key",
@@ -437,6 +439,23 @@ fn impossible_settings_exit_64_naming_the_setting() {
     );
     assert!(
         text(&output.stderr).contains("maxConcurrent to 0 in the document"),
+        "{}",
+        shown(&output)
+    );
+}
+
+#[test]
+fn a_listen_address_in_use_exits_64_naming_it() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let output = run_at_most(
+        &["run", "--listen", &addr],
+        std::time::Duration::from_secs(60),
+    );
+    assert_eq!(output.status.code(), Some(64), "{}", shown(&output));
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains(&format!("runner-scaler: listen on {addr}")),
         "{}",
         shown(&output)
     );

@@ -274,6 +274,33 @@ fn the_daemon_is_one_service_copy_with_secrets_outside_its_flags() {
     );
 }
 
+#[test]
+fn the_daemon_is_checked_on_livez_at_the_port_it_listens_on() {
+    let job = job("nomad/runner-scaler.nomad.hcl");
+    let group = blocks(&job, "group")[0].body();
+    let network = block(group, "network").body();
+    let ports: Vec<String> = blocks(network, "port")
+        .iter()
+        .map(|p| p.labels()[0].as_str().to_string())
+        .collect();
+    assert_eq!(ports, ["http"]);
+    let service = block(group, "service").body();
+    assert_eq!(text(attr(service, "port")), "http");
+    let check = block(service, "check").body();
+    assert_eq!(text(attr(check, "type")), "http");
+    assert_eq!(text(attr(check, "path")), "/livez");
+    let task = block(group, "task").body();
+    assert_eq!(
+        strings(attr(block(task, "config").body(), "ports")),
+        ["http"]
+    );
+    let env = block(task, "env").body();
+    assert_eq!(
+        text(attr(env, "RUNNER_SCALER_LISTEN")),
+        "0.0.0.0:${NOMAD_PORT_http}"
+    );
+}
+
 // ---- terraform ----
 
 fn terraform_files() -> Vec<(String, Body)> {

@@ -293,7 +293,15 @@ impl DocumentSource for ConsulKv {
             REQUEST_TIMEOUT_DEFAULT
         };
         let read = consulrs::kv::read(&self.client, &self.key, Some(&mut request));
-        let response = match tokio::time::timeout(timeout, read).await {
+        let read = tokio::time::timeout(timeout, read).await;
+        // consulrs hides the status of a success; an API error carries its code.
+        let status = match &read {
+            Ok(Ok(_)) => Some(200),
+            Ok(Err(ClientError::APIError { code, .. })) => Some(*code),
+            _ => None,
+        };
+        crate::metrics::count_request(crate::metrics::Service::Consul, status);
+        let response = match read {
             Err(_) => {
                 return Err(PortError::new(
                     ErrorClass::Transient,

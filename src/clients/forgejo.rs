@@ -218,8 +218,12 @@ impl Forgejo {
             let response = request
                 .header(reqwest::header::ACCEPT, "application/json")
                 .send()
-                .await
-                .map_err(|e| transport_error("Forgejo", doing, &e))?;
+                .await;
+            crate::metrics::count_request(
+                crate::metrics::Service::Forgejo,
+                response.as_ref().ok().map(|r| r.status().as_u16()),
+            );
+            let response = response.map_err(|e| transport_error("Forgejo", doing, &e))?;
             let status = response.status();
             if status == StatusCode::UNAUTHORIZED {
                 // Refused: never reuse it. A cached token may have been rotated in Vault, so

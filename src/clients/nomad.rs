@@ -405,10 +405,12 @@ impl NomadClient {
         doing: &str,
         request: reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, PortError> {
-        let response = request
-            .send()
-            .await
-            .map_err(|e| transport_error("Nomad", doing, &e))?;
+        let response = request.send().await;
+        crate::metrics::count_request(
+            crate::metrics::Service::Nomad,
+            response.as_ref().ok().map(|r| r.status().as_u16()),
+        );
+        let response = response.map_err(|e| transport_error("Nomad", doing, &e))?;
         let status = response.status();
         if status.is_success() {
             return Ok(response);

@@ -213,9 +213,9 @@ impl VaultKv {
         }
         // Read as an untyped value: a typed read would put the offending value into
         // serde's error text.
-        let data: Value = vaultrs::kv2::read(&self.client, &self.mount, path)
-            .await
-            .map_err(|e| vault_error(&doing, e))?;
+        let read = vaultrs::kv2::read(&self.client, &self.mount, path).await;
+        crate::metrics::count_request(crate::metrics::Service::Vault, answered_status(&read));
+        let data: Value = read.map_err(|e| vault_error(&doing, e))?;
         match data {
             Value::Object(map) => Ok(map),
             other => Err(PortError::new(
@@ -405,6 +405,20 @@ fn json_kind(value: &Value) -> &'static str {
 
 /// Maps a vaultrs error by its variant. Never formats `e` itself: some variants carry the raw
 /// response body, which for a KV read is the secret.
+/// The HTTP status of a read, as far as vaultrs lets it be known; `None` (the `error`
+/// class) when no answer came back or vaultrs dropped its status.
+fn answered_status<T>(read: &Result<T, VaultError>) -> Option<u16> {
+    use rustify::errors::ClientError as Rest;
+    match read {
+        Ok(_) => Some(200),
+        Err(VaultError::APIError { code, .. })
+        | Err(VaultError::RestClientError {
+            source: Rest::ServerResponseError { code, .. },
+        }) => Some(*code),
+        Err(_) => None,
+    }
+}
+
 fn vault_error(doing: &str, e: VaultError) -> PortError {
     use rustify::errors::ClientError as Rest;
     match e {

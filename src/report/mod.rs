@@ -4,6 +4,7 @@
 //! error messages, and the registration token stays inside the act step.
 
 pub mod live;
+pub mod record;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;

@@ -128,6 +128,9 @@ impl TwinAddresses {
                 "GITHUB_APP_PRIVATE_KEY_FILE",
                 app_key_file.display().to_string(),
             ),
+            // Any free port: a daemon run against twins must not take (or fail on) the
+            // default port a real daemon on this machine may hold.
+            ("RUNNER_SCALER_LISTEN", "127.0.0.1:0".into()),
         ]
     }
 }

@@ -49,6 +49,17 @@ impl fmt::Display for BudgetHolder {
     }
 }
 
+impl BudgetHolder {
+    /// The `owner` label of the rate-limit metric: which budget, never a credential.
+    pub fn metric_label(&self) -> String {
+        match self {
+            BudgetHolder::App => "app".into(),
+            BudgetHolder::Installation(id) => format!("installation-{id}"),
+            BudgetHolder::PollingToken { vault_path } => format!("polling-token:{vault_path}"),
+        }
+    }
+}
+
 /// The last word GitHub gave on one budget.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Budget {

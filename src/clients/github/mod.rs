@@ -346,6 +346,9 @@ impl GitHub {
 
     fn record(&self, holder: &BudgetHolder, answer: &Answer) {
         if let Some(rate) = RateHeaders::read(&answer.headers) {
+            if let Some(remaining) = rate.remaining {
+                crate::metrics::set_rate_limit_remaining(&holder.metric_label(), remaining);
+            }
             self.budgets.record(holder, rate, self.now());
         }
     }
@@ -692,6 +695,7 @@ impl GitHub {
         let body = if answer.status == StatusCode::NOT_MODIFIED {
             match cached {
                 Some(cached) => {
+                    crate::metrics::count_conditional_hit();
                     let body = cached.body.clone();
                     seen.insert(key, cached);
                     body

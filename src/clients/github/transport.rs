@@ -166,7 +166,13 @@ impl Transport {
                 body,
             })
         };
-        match tokio::time::timeout(self.timeout, exchange).await {
+        let answered = tokio::time::timeout(self.timeout, exchange).await;
+        let status = match &answered {
+            Ok(Ok(answer)) => Some(answer.status.as_u16()),
+            _ => None,
+        };
+        crate::metrics::count_request(crate::metrics::Service::GitHub, status);
+        match answered {
             Ok(Ok(answer)) => Ok(answer),
             // octocrab's errors name the failing layer and the I/O cause; they carry neither
             // the request headers nor a body.
