@@ -786,3 +786,124 @@ fn a_wrapped_forgejo_registration_token_registers_then_an_idle_runner_exits_3() 
         &[REGISTRATION_TOKEN, wrapping, PARENT_VAULT_TOKEN],
     );
 }
+
+// ---- vault mode: the prestart task's credential ----
+
+/// What the stand-in GitHub was asked: path, Authorization header, JSON body.
+type GithubRequests = Arc<Mutex<Vec<(String, String, Value)>>>;
+
+fn start_github(jit: String) -> (String, GithubRequests) {
+    let requests: GithubRequests = Arc::default();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let address = format!("http://{}", listener.local_addr().unwrap());
+    let seen = requests.clone();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            let app = axum::Router::new().fallback(
+                move |uri: axum::http::Uri, headers: HeaderMap, body: String| {
+                    let seen = seen.clone();
+                    let jit = jit.clone();
+                    async move {
+                        let authorization = headers
+                            .get("authorization")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or_default()
+                            .to_string();
+                        let body: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+                        seen.lock()
+                            .unwrap()
+                            .push((uri.path().to_string(), authorization, body));
+                        (
+                            StatusCode::CREATED,
+                            json!({
+                                "runner": {"id": 23, "name": RUNNER_NAME, "os": "unknown",
+                                           "status": "offline", "busy": false, "labels": []},
+                                "encoded_jit_config": jit
+                            })
+                            .to_string(),
+                        )
+                    }
+                },
+            );
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    (address, requests)
+}
+
+#[test]
+fn vault_mode_mints_a_jit_config_that_only_the_runner_reads_then_deletes() {
+    use std::os::unix::fs::PermissionsExt;
+    let scratch = Scratch::new("vault-mode");
+    install_actions_runner(&scratch, Listener::Job);
+    let jit = jit_config();
+    let (api, requests) = start_github(jit.clone());
+    let admin = "ghp_the-repos-admin-token";
+    let header = scratch.path("tmp/github-auth-header");
+    std::fs::write(&header, format!("Authorization: Bearer {admin}")).unwrap();
+    let credential = scratch.path("alloc/runner-credential");
+
+    let mint = run({
+        let mut command = Command::new("bash");
+        command
+            .arg(repo_path("nomad/runner/mint-github-credential.sh"))
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("TMPDIR", scratch.path("tmp"))
+            .env("REPO_URL", REPO_URL)
+            .env("RUNNER_NAME", RUNNER_NAME)
+            .env("RUNNER_LABELS", LABELS)
+            .env("GITHUB_API_URL", &api)
+            .env("GITHUB_AUTH_HEADER_FILE", &header)
+            .env("RUNNER_CREDENTIAL_FILE", &credential)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        command
+    });
+    mint.assert_code(0);
+    let asked = requests.lock().unwrap().clone();
+    assert_eq!(asked.len(), 1, "one credential minted");
+    let (path, authorization, body) = &asked[0];
+    assert_eq!(path, "/repos/acme/api/actions/runners/generate-jitconfig");
+    assert_eq!(authorization, &format!("Bearer {admin}"));
+    assert_eq!(
+        body,
+        &json!({"name": RUNNER_NAME, "runner_group_id": 1,
+                "labels": ["self-hosted", "linux"], "work_folder": "_work"})
+    );
+    let written = std::fs::read_to_string(&credential).unwrap();
+    assert_eq!(
+        written.trim_end(),
+        jit,
+        "only the JIT config is left behind"
+    );
+    let mode = std::fs::metadata(&credential).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o400, "readable by its owner only");
+    assert_holds_none("the mint task's output", &mint.context(), &[admin, &jit]);
+
+    let done = run(entrypoint(
+        &scratch,
+        &[
+            ("RUNNER_CREDENTIAL_FILE", credential.to_str().unwrap()),
+            ("RUNNER_CREDENTIAL_WRAPPED", "false"),
+        ],
+    ));
+    done.assert_code(0);
+    assert!(
+        !credential.exists(),
+        "the runner deletes the credential file"
+    );
+    let listener = env_map(&scratch.record("run.env").expect("run.sh ran"));
+    assert_eq!(listener.get("ACTIONS_RUNNER_INPUT_JITCONFIG"), Some(&jit));
+    assert_holds_none(
+        "the job's environment",
+        &scratch.record("worker.env").unwrap(),
+        &[admin, &jit],
+    );
+}

@@ -62,15 +62,17 @@ case $forge in github | forgejo) ;; *) die 2 "RUNNER_FORGE must be github or for
 
 # Nomad leaves an unset meta key's ${NOMAD_META_x} uninterpolated, so a literal "${" counts as
 # missing too.
+# shellcheck disable=SC2016 # the literal text, not an expansion
+uninterpolated='${'
 setting() {
   local name=$1 value=${!1:-}
-  [[ -n $value && $value != *'${'* ]] || die 2 "missing setting $name (dispatch meta ${2:-})"
+  [[ -n $value && $value != *"$uninterpolated"* ]] || die 2 "missing setting $name (dispatch meta ${2:-})"
   printf '%s' "$value"
 }
 repo_url=$(setting REPO_URL repo_url)
 runner_name=$(setting RUNNER_NAME runner_name)
 labels=${RUNNER_LABELS:-}
-[[ $labels == *'${'* ]] && labels=
+[[ $labels == *"$uninterpolated"* ]] && labels=
 [[ $runner_name =~ ^[A-Za-z0-9._-]+$ ]] || die 2 "RUNNER_NAME '$runner_name' has characters a runner name cannot have"
 [[ -z $labels || $labels =~ ^[a-z0-9._:-]+(,[a-z0-9._:-]+)*$ ]] || die 2 "RUNNER_LABELS '$labels' is not a comma-separated list of lower-case labels"
 [[ $repo_url =~ ^https?://[^/]+/[^/]+/[^/]+$ ]] || die 2 "REPO_URL '$repo_url' is not https://HOST/OWNER/REPO"
@@ -103,7 +105,7 @@ if [[ -n ${RUNNER_CREDENTIAL_FILE:-} ]]; then
   [[ -s $RUNNER_CREDENTIAL_FILE ]] || die 2 "RUNNER_CREDENTIAL_FILE $RUNNER_CREDENTIAL_FILE is missing or empty"
   credential=$(<"$RUNNER_CREDENTIAL_FILE")
   rm -f -- "$RUNNER_CREDENTIAL_FILE" || log "could not delete $RUNNER_CREDENTIAL_FILE"
-elif [[ -n ${RUNNER_TOKEN:-} && $RUNNER_TOKEN != *'${'* ]]; then
+elif [[ -n ${RUNNER_TOKEN:-} && $RUNNER_TOKEN != *"$uninterpolated"* ]]; then
   credential=$RUNNER_TOKEN
 fi
 # The whole secret inventory of this task: none of it may reach the listener.
@@ -125,7 +127,7 @@ if [[ $wrapped == auto ]]; then
   if [[ -n ${VAULT_ADDR:-} && ($credential == hvs.* || $credential == s.*) ]]; then wrapped=true; else wrapped=false; fi
 fi
 
-kind= jitconfig= registration_token= runner_uuid= runner_secret=
+kind='' jitconfig='' registration_token='' runner_uuid='' runner_secret=''
 if [[ $wrapped == true ]]; then
   [[ -n ${VAULT_ADDR:-} ]] || die 2 "the credential is wrapped but VAULT_ADDR is not set"
   url="${VAULT_ADDR%/}/v1/sys/wrapping/unwrap"
@@ -251,11 +253,11 @@ filter_output() {
   done
 }
 
-listener= filter= signalled=
+listener='' filter='' signalled=''
 forward() {
   signalled=$1
   log "received SIG$1; passing it to the runner"
-  [[ -n $listener ]] && kill -s "$1" "$listener" 2>/dev/null || true
+  if [[ -n $listener ]]; then kill -s "$1" "$listener" 2>/dev/null || true; fi
 }
 trap 'forward TERM' TERM
 trap 'forward INT' INT
@@ -350,7 +352,7 @@ if [[ $forge == github ]]; then
     jitconfig=
   fi
 
-  deadline=$((SECONDS + idle_s)) stopped_idle= seen_job=
+  deadline=$((SECONDS + idle_s)) stopped_idle='' seen_job=''
   while kill -0 "$listener" 2>/dev/null; do
     if [[ -e $state/job ]] || worker_running; then
       seen_job=1
@@ -421,7 +423,7 @@ if [[ $kind == runner ]]; then
     printf '{"WARNING":"written by runner-scaler'\''s entrypoint","id":0,"uuid":"%s","name":"%s","token":"%s","address":"%s","labels":[%s]}\n' \
       "$runner_uuid" "$runner_name" "$runner_secret" "$instance" "$json_labels" >.runner
   )
-  runner_uuid= runner_secret=
+  runner_uuid='' runner_secret=''
 else
   # The shared registration token: forgejo-runner takes it only as a flag, so it is on this
   # command line for the moment of registration, before any job exists.

@@ -6,6 +6,7 @@
 #   GITHUB_AUTH_HEADER_FILE  a file holding "Authorization: Bearer <admin token>" (a template
 #                            from Vault); curl reads it, so the token is on no command line
 #   RUNNER_CREDENTIAL_FILE   where the credential goes (the runner task reads and deletes it)
+#   GITHUB_API_URL           optional: the API address, when it is not derived from REPO_URL
 #   MINT_CREDENTIAL          jit (default): a JIT config, single-use and bound to this runner's
 #                            name and labels; registration: a registration token (an hour long,
 #                            good for any number of registrations), for GitHub Enterprise Server
@@ -16,15 +17,18 @@ set -euo pipefail
 
 log() { printf 'mint-github-credential: %s\n' "$*" >&2; }
 
+# Nomad leaves an unset meta key's ${NOMAD_META_x} uninterpolated: that counts as missing.
+# shellcheck disable=SC2016 # the literal text, not an expansion
+uninterpolated='${'
 for name in REPO_URL RUNNER_NAME GITHUB_AUTH_HEADER_FILE RUNNER_CREDENTIAL_FILE; do
   value=${!name:-}
-  if [[ -z $value || $value == *'${'* ]]; then
+  if [[ -z $value || $value == *"$uninterpolated"* ]]; then
     log "missing setting $name"
     exit 2
   fi
 done
 labels=${RUNNER_LABELS:-self-hosted}
-[[ $labels == *'${'* ]] && labels=self-hosted
+[[ $labels == *"$uninterpolated"* ]] && labels=self-hosted
 
 # https://github.com/owner/repo → the API of that host and owner/repo.
 host=${REPO_URL#https://}
@@ -35,6 +39,8 @@ case $host in
   *.ghe.com) api=https://api.$host ;;
   *) api=https://$host/api/v3 ;;
 esac
+# GITHUB_API_URL (the daemon's setting of the same name) overrides the derived API address.
+api=${GITHUB_API_URL:-$api}
 
 umask 077
 answer=$(mktemp)
