@@ -627,14 +627,15 @@ fn an_idle_runner_is_stopped_with_sigint_and_exits_3() {
 #[test]
 fn a_job_running_at_the_idle_timeout_keeps_the_runner_and_exits_0() {
     let scratch = Scratch::new("busy-at-timeout");
-    // The job outlasts the timeout four times over and says nothing on the listener's output:
-    // only the Runner.Worker process shows it.
-    install_actions_runner(&scratch, Listener::QuietJob { seconds: 4 });
+    // The job starts at once, outlasts the timeout three times over and says nothing on the
+    // listener's output: only the Runner.Worker process shows it. (Three seconds leave the
+    // stand-in time to start its worker on a loaded machine.)
+    install_actions_runner(&scratch, Listener::QuietJob { seconds: 9 });
     let done = run(entrypoint(
         &scratch,
         &[
             ("RUNNER_TOKEN", &jit_config()),
-            ("RUNNER_IDLE_TIMEOUT", "1"),
+            ("RUNNER_IDLE_TIMEOUT", "3"),
         ],
     ));
     done.assert_code(0);
