@@ -1,9 +1,17 @@
 # ci-runner: the parameterized batch job runner-scaler dispatches once per missing GitHub
 # Actions runner (`app` mode, and the default parent job of the document).
 #
-# One child = one runner = one job: the runner registers with a credential minted for this
-# child alone, takes one job (`--ephemeral`), deregisters and exits. Nothing here restarts
-# or reschedules it: a replacement is runner-scaler's decision, made from the queue.
+# One child = one runner = one job: the runner reads the credential minted for this child
+# alone, takes one job, and exits; nothing here restarts or reschedules it: a replacement is
+# runner-scaler's decision, made from the queue. What the task does is the runner contract in
+# nomad/runner/entrypoint.sh (README, "The runner contract").
+#
+# Run it from anywhere: `nomad job run nomad/ci-runner.nomad.hcl`. The entrypoint is read by
+# the Nomad CLI with file(), relative to this file's directory (the CLI parses HCL2 with the
+# job file's path, and jobspec2 takes the directory of that path as the base of file();
+# hashicorp/nomad command/helpers.go and jobspec2/parse.go), and submitted inside the job as
+# a template: nothing to host, no artifact to fetch, and the job holds exactly the script of
+# the checkout it was run from.
 
 job "ci-runner" {
   # Nomad stores dispatch meta, runner_token included, and shows it to anyone with read-job
@@ -12,6 +20,10 @@ job "ci-runner" {
   namespace   = "ci-runners"
   type        = "batch"
   datacenters = ["*"]
+
+  # Runners execute whatever a workflow says: only on nodes set aside for them, never beside
+  # the daemon, Vault or other services whose secrets or sockets a job could reach.
+  node_pool = "ci-runners"
 
   parameterized {
     # runner-scaler never sends a payload.
@@ -51,6 +63,9 @@ job "ci-runner" {
 
     task "runner" {
       driver = "docker"
+      # The image's own user (runner, uid 1001, actions/runner images/Dockerfile); the
+      # template below is owned by it.
+      user = "1001"
 
       config {
         # The official runner image, pinned: with self-update off the image decides the runner
@@ -61,63 +76,50 @@ job "ci-runner" {
         image   = "ghcr.io/actions/actions-runner:2.336.0"
         command = "/bin/bash"
         args    = ["${NOMAD_TASK_DIR}/entrypoint.sh"]
+        # Never mount the host's Docker socket (/var/run/docker.sock) here: any workflow step
+        # could then start a privileged container and own the node. Give the task a Docker
+        # daemon of its own (a DinD sidecar) if workflows need containers.
       }
 
       env {
+        RUNNER_FORGE  = "github"
         REPO_URL      = "${NOMAD_META_repo_url}"
-        RUNNER_TOKEN  = "${NOMAD_META_runner_token}"
         RUNNER_NAME   = "${NOMAD_META_runner_name}"
         RUNNER_LABELS = "${NOMAD_META_labels}"
+        # A JIT config or a registration token, plain or wrapped by Vault (a wrapped one is
+        # unwrapped here, at VAULT_ADDR, with nothing but the wrapping token).
+        RUNNER_TOKEN              = "${NOMAD_META_runner_token}"
+        RUNNER_CREDENTIAL_WRAPPED = "auto"
+        VAULT_ADDR                = "https://vault.service.consul:8200"
+        # A runner no job came to within this time stops itself and exits 3.
+        RUNNER_IDLE_TIMEOUT = "15m"
       }
 
-      # The credential is read, used to register, and removed from the environment before
-      # run.sh starts, so no workflow step can read it (BRIEF lesson 9). `exec` replaces the
-      # shell, so not even /proc/<pid>/environ of the runner process holds it. It is briefly
-      # on config.sh's command line, before any workflow step exists.
-      #
-      # --ephemeral: one job, then GitHub removes the registration.
-      # --disableupdate: an update would restart the listener mid-life (BRIEF lesson 8).
-      # --work: a work directory of its own inside this allocation, never shared.
-      # --no-default-labels: the runner carries exactly its bucket's labels (self-hosted is
-      #   among them), so it takes only the jobs runner-scaler counted it for.
+      # The runner contract, verbatim: the delimiters are set to something the script never
+      # contains, so the template engine passes it through untouched.
       template {
-        destination = "local/entrypoint.sh"
-        perms       = "0755"
-        data        = <<-EOT
-          #!/usr/bin/env bash
-          set -euo pipefail
-          token="$RUNNER_TOKEN"
-          unset RUNNER_TOKEN NOMAD_META_runner_token NOMAD_META_RUNNER_TOKEN
-
-          work="$NOMAD_TASK_DIR/work"
-          mkdir -p "$work"
-          cd /home/runner
-          ./config.sh \
-            --unattended \
-            --url "$REPO_URL" \
-            --token "$token" \
-            --name "$RUNNER_NAME" \
-            --labels "$RUNNER_LABELS" \
-            --no-default-labels \
-            --work "$work" \
-            --ephemeral \
-            --disableupdate
-          unset token
-          exec ./run.sh
-        EOT
+        data            = file("runner/entrypoint.sh")
+        destination     = "local/entrypoint.sh"
+        perms           = "0500"
+        uid             = 1001
+        gid             = 1001
+        change_mode     = "noop"
+        left_delimiter  = "[[runner-scaler-template:"
+        right_delimiter = ":runner-scaler-template]]"
       }
-
-      # Workflow steps that use containers need a Docker daemon the runner can reach; give
-      # the task one deliberately (a DinD sidecar or a socket) if your workflows need it.
 
       resources {
         cpu    = 2000
         memory = 4096
       }
 
-      # A runner is only ever stopped by runner-scaler before it has an allocation, or after
-      # its job; give an interrupted job's cleanup a moment anyway.
-      kill_timeout = "30s"
+      # SIGTERM reaches the entrypoint, which passes it to run.sh; the listener then cancels a
+      # running job and lets it report (actions/runner Runner.Listener: shutdown cancels the
+      # job it runs). runner-scaler stops a runner only when it is idle or wedged; a node
+      # drain gets the job this long to wind down. The client's max_kill_timeout (30s by
+      # default) caps it.
+      kill_signal  = "SIGTERM"
+      kill_timeout = "2m"
     }
   }
 }

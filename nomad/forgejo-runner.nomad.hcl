@@ -1,13 +1,19 @@
 # forgejo-build-runner: the parameterized batch job runner-scaler dispatches once per missing
 # Forgejo Actions runner (`forgejo` mode; the example document's alex/s3-orchestrator
-# profile). The daemon mints a registration token from the Forgejo instance and passes it
-# as `runner_token`.
+# profile). The daemon passes in `runner_token` either "<uuid>:<token>" of an ephemeral runner
+# it registered itself (Forgejo 15, POST …/actions/runners) or a registration token, plain or
+# wrapped by Vault. The task runs the runner contract, nomad/runner/entrypoint.sh (README,
+# "The runner contract"), read with file() relative to this file: `nomad job run
+# nomad/forgejo-runner.nomad.hcl` works as shipped.
 
 job "forgejo-build-runner" {
   # Dispatch meta (runner_token included) is readable with read-job in this namespace.
   namespace   = "ci-runners"
   type        = "batch"
   datacenters = ["*"]
+
+  # Runners execute whatever a workflow says: only on nodes set aside for them.
+  node_pool = "ci-runners"
 
   parameterized {
     payload       = "forbidden"
@@ -36,54 +42,41 @@ job "forgejo-build-runner" {
 
     task "runner" {
       driver = "docker"
+      # The image's own user (USER 1000:1000 in forgejo/runner's Dockerfile); the template
+      # below is owned by it.
+      user = "1000"
 
       config {
-        # Pin the runner release you have tested.
-        image   = "code.forgejo.org/forgejo/runner:11"
-        command = "/bin/sh"
+        # Pinned to a release (code.forgejo.org/forgejo/runner/releases); `one-job` exists
+        # since 6.1.0. The image is Alpine with bash and git and no curl: the entrypoint
+        # unwraps a Vault-wrapped credential with BusyBox wget there (the wrapping token is then
+        # briefly on wget's command line, before any job exists).
+        image   = "code.forgejo.org/forgejo/runner:11.3.1"
+        command = "/bin/bash"
         args    = ["${NOMAD_TASK_DIR}/entrypoint.sh"]
+        # Never the host's Docker socket: see README, "The runner contract".
       }
 
       env {
-        REPO_URL      = "${NOMAD_META_repo_url}"
-        RUNNER_TOKEN  = "${NOMAD_META_runner_token}"
-        RUNNER_NAME   = "${NOMAD_META_runner_name}"
-        RUNNER_LABELS = "${NOMAD_META_labels}"
+        RUNNER_FORGE              = "forgejo"
+        REPO_URL                  = "${NOMAD_META_repo_url}"
+        RUNNER_NAME               = "${NOMAD_META_runner_name}"
+        RUNNER_LABELS             = "${NOMAD_META_labels}"
+        RUNNER_TOKEN              = "${NOMAD_META_runner_token}"
+        RUNNER_CREDENTIAL_WRAPPED = "auto"
+        VAULT_ADDR                = "https://vault.service.consul:8200"
+        RUNNER_IDLE_TIMEOUT       = "15m"
       }
 
-      # The instance is the repo URL without `/owner/repo`. The registration file (.runner)
-      # goes to this task's own directory. Labels are bare names from the queue, so each
-      # becomes `<label>:host`: the job runs inside this container, which is the isolation;
-      # use `<label>:docker://<image>` instead if the task is given a Docker daemon.
-      #
-      # `one-job` fetches a single task, runs it and exits (it is in forgejo-runner's v11
-      # source, internal/app/cmd/job.go; I could not pin the first release that ships it, so
-      # check `forgejo-runner --help` for your image). If no task is waiting when it asks, it
-      # exits at once: a surplus runner ends instead of idling, and runner-scaler counts the
-      # early exit against the bucket's backoff. The registration stays on the Forgejo side
-      # as an offline runner; Forgejo 15's ephemeral runners remove that, and are not used
-      # here yet.
       template {
-        destination = "local/entrypoint.sh"
-        perms       = "0755"
-        data        = <<-EOT
-          #!/bin/sh
-          set -eu
-          token="$RUNNER_TOKEN"
-          unset RUNNER_TOKEN NOMAD_META_runner_token NOMAD_META_RUNNER_TOKEN
-
-          instance="$${REPO_URL%/*/*}"
-          labels="$(printf '%s' "$RUNNER_LABELS" | sed 's/\([^,][^,]*\)/\1:host/g')"
-          cd "$NOMAD_TASK_DIR"
-          forgejo-runner register \
-            --no-interactive \
-            --instance "$instance" \
-            --token "$token" \
-            --name "$RUNNER_NAME" \
-            --labels "$labels"
-          unset token
-          exec forgejo-runner one-job
-        EOT
+        data            = file("runner/entrypoint.sh")
+        destination     = "local/entrypoint.sh"
+        perms           = "0500"
+        uid             = 1000
+        gid             = 1000
+        change_mode     = "noop"
+        left_delimiter  = "[[runner-scaler-template:"
+        right_delimiter = ":runner-scaler-template]]"
       }
 
       resources {
@@ -91,7 +84,10 @@ job "forgejo-build-runner" {
         memory = 2048
       }
 
-      kill_timeout = "30s"
+      # forgejo-runner ends on SIGINT or SIGTERM alike, cancelling a running task
+      # (main.go: signal.NotifyContext); the entrypoint passes the signal on.
+      kill_signal  = "SIGTERM"
+      kill_timeout = "2m"
     }
   }
 }

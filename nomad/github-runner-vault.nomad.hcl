@@ -4,14 +4,23 @@
 #
 # In `vault` mode the daemon mints nothing: it may not even read the admin token at
 # `registerVaultPath` (its Vault policy names exact paths and none of the register paths).
-# This job reads the admin token itself, in a prestart task of its own, mints a registration
-# token from GitHub, and hands only that short-lived token to the runner task. The admin
-# token never enters the runner task's environment or file system, where workflow steps run.
+# This job reads the admin token itself, in a prestart task of its own, mints this runner's
+# own credential (a JIT config) from GitHub, and hands only that to the runner task through a
+# file in the shared allocation directory. The admin token and the Vault token never enter
+# the runner task's environment or file system, where workflow steps run.
+#
+# Both tasks run as uid 1001 (the actions-runner image's `runner` user): the prestart task
+# writes the credential as that uid with mode 0400, the runner task reads and deletes it.
+# Scripts come from nomad/runner/ through file(), relative to this file (see
+# ci-runner.nomad.hcl): `nomad job run nomad/github-runner-vault.nomad.hcl` works as shipped.
 
 job "github-runner-moat-vm" {
   namespace   = "ci-runners"
   type        = "batch"
   datacenters = ["*"]
+
+  # Runners execute whatever a workflow says: only on nodes set aside for them.
+  node_pool = "ci-runners"
 
   parameterized {
     payload = "forbidden"
@@ -43,9 +52,11 @@ job "github-runner-moat-vm" {
       size = 10240
     }
 
-    # Mints one registration token with the admin token and exits.
+    # Mints this runner's credential with the admin token and exits.
     task "mint" {
       driver = "docker"
+      # The same uid as the runner task, so the credential file it writes is the runner's.
+      user = "1001"
 
       lifecycle {
         hook    = "prestart"
@@ -53,13 +64,15 @@ job "github-runner-moat-vm" {
       }
 
       config {
-        image   = "curlimages/curl:8.11.1"
-        command = "/bin/sh"
+        # The runner image itself: it has bash, curl and jq, and runs as uid 1001.
+        image   = "ghcr.io/actions/actions-runner:2.336.0"
+        command = "/bin/bash"
         args    = ["${NOMAD_TASK_DIR}/mint.sh"]
       }
 
       # Workload identity: Vault's JWT role `runner-moat` (terraform/vault.tf) is bound to
-      # this job and grants read on secret/data/github/moat-runner only.
+      # this job and grants read on secret/data/github/moat-runner only. Only this task has a
+      # vault block, so only this task ever holds a Vault token.
       vault {
         role = "runner-moat"
       }
@@ -69,6 +82,8 @@ job "github-runner-moat-vm" {
       template {
         destination = "secrets/github-auth-header"
         perms       = "0400"
+        uid         = 1001
+        gid         = 1001
         change_mode = "noop"
         data        = <<-EOT
           {{- with secret "secret/data/github/moat-runner" -}}
@@ -78,85 +93,63 @@ job "github-runner-moat-vm" {
       }
 
       env {
-        REPO_URL = "${NOMAD_META_repo_url}"
+        REPO_URL                = "${NOMAD_META_repo_url}"
+        RUNNER_NAME             = "${NOMAD_META_runner_name}"
+        RUNNER_LABELS           = "${NOMAD_META_labels}"
+        GITHUB_AUTH_HEADER_FILE = "${NOMAD_SECRETS_DIR}/github-auth-header"
+        RUNNER_CREDENTIAL_FILE  = "${NOMAD_ALLOC_DIR}/runner-credential"
+        MINT_CREDENTIAL         = "jit"
       }
 
       template {
-        destination = "local/mint.sh"
-        perms       = "0755"
-        data        = <<-EOT
-          #!/bin/sh
-          set -eu
-          # https://github.com/owner/repo → the API of that host and owner/repo.
-          host="$${REPO_URL#https://}"
-          host="$${host%%/*}"
-          repo="$${REPO_URL#https://*/}"
-          case "$host" in
-            github.com) api="https://api.github.com" ;;
-            *.ghe.com) api="https://api.$host" ;;
-            *) api="https://$host/api/v3" ;;
-          esac
-          umask 077
-          curl -fsS -X POST \
-            -H @"$NOMAD_SECRETS_DIR/github-auth-header" \
-            -H "Accept: application/vnd.github+json" \
-            -H "X-GitHub-Api-Version: 2022-11-28" \
-            "$api/repos/$repo/actions/runners/registration-token" \
-            | sed -n 's/.*"token"[[:space:]]*:[[:space:]]*"\([^"]*\)".*/\1/p' \
-            > "$NOMAD_ALLOC_DIR/registration-token"
-          test -s "$NOMAD_ALLOC_DIR/registration-token"
-        EOT
+        data            = file("runner/mint-github-credential.sh")
+        destination     = "local/mint.sh"
+        perms           = "0500"
+        uid             = 1001
+        gid             = 1001
+        change_mode     = "noop"
+        left_delimiter  = "[[runner-scaler-template:"
+        right_delimiter = ":runner-scaler-template]]"
       }
 
       resources {
         cpu    = 100
-        memory = 64
+        memory = 128
       }
     }
 
     task "runner" {
       driver = "docker"
+      user   = "1001"
 
       config {
         # Pinned like nomad/ci-runner.nomad.hcl: move the pin along with GitHub's releases.
         image   = "ghcr.io/actions/actions-runner:2.336.0"
         command = "/bin/bash"
         args    = ["${NOMAD_TASK_DIR}/entrypoint.sh"]
+        # Never the host's Docker socket: see README, "The runner contract".
       }
 
       env {
+        RUNNER_FORGE  = "github"
         REPO_URL      = "${NOMAD_META_repo_url}"
         RUNNER_NAME   = "${NOMAD_META_runner_name}"
         RUNNER_LABELS = "${NOMAD_META_labels}"
+        # Written by the mint task; read and deleted before the listener starts.
+        RUNNER_CREDENTIAL_FILE    = "${NOMAD_ALLOC_DIR}/runner-credential"
+        RUNNER_CREDENTIAL_WRAPPED = "false"
+        RUNNER_IDLE_TIMEOUT       = "15m"
       }
 
-      # Reads the registration token the prestart task left in the shared allocation
-      # directory and deletes it before registering; run.sh starts without it.
       template {
-        destination = "local/entrypoint.sh"
-        perms       = "0755"
-        data        = <<-EOT
-          #!/usr/bin/env bash
-          set -euo pipefail
-          token="$(cat "$NOMAD_ALLOC_DIR/registration-token")"
-          rm -f "$NOMAD_ALLOC_DIR/registration-token"
-
-          work="$NOMAD_TASK_DIR/work"
-          mkdir -p "$work"
-          cd /home/runner
-          ./config.sh \
-            --unattended \
-            --url "$REPO_URL" \
-            --token "$token" \
-            --name "$RUNNER_NAME" \
-            --labels "$RUNNER_LABELS" \
-            --no-default-labels \
-            --work "$work" \
-            --ephemeral \
-            --disableupdate
-          unset token
-          exec ./run.sh
-        EOT
+        data            = file("runner/entrypoint.sh")
+        destination     = "local/entrypoint.sh"
+        perms           = "0500"
+        uid             = 1001
+        gid             = 1001
+        change_mode     = "noop"
+        left_delimiter  = "[[runner-scaler-template:"
+        right_delimiter = ":runner-scaler-template]]"
       }
 
       resources {
@@ -164,7 +157,9 @@ job "github-runner-moat-vm" {
         memory = 4096
       }
 
-      kill_timeout = "30s"
+      # See ci-runner.nomad.hcl.
+      kill_signal  = "SIGTERM"
+      kill_timeout = "2m"
     }
   }
 }

@@ -173,78 +173,269 @@ fn runner_children_are_never_restarted_or_rescheduled() {
     }
 }
 
-/// The runner task's whole text (config, env, templates).
-fn runner_task(file: &str) -> String {
-    let job = job(file);
-    let group = labelled(&job, "group", &["runner"]);
-    source(labelled(group.body(), "task", &["runner"]).body())
+/// Every job file under `nomad/`, parsed, by its path relative to the repository.
+fn every_job_file() -> Vec<(String, Body)> {
+    let mut files: Vec<(String, Body)> = std::fs::read_dir(repo_path("nomad"))
+        .expect("nomad/ is readable")
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.to_string_lossy().ends_with(".nomad.hcl"))
+        .map(|path| {
+            let name = format!("nomad/{}", path.file_name().unwrap().to_string_lossy());
+            let body = block(&parse(&name), "job").body().clone();
+            (name, body)
+        })
+        .collect();
+    files.sort_by(|a, b| a.0.cmp(&b.0));
+    assert!(files.len() >= 4, "{files:?}");
+    files
 }
 
+fn optional_attr<'a>(body: &'a Body, key: &str) -> Option<&'a Expression> {
+    body.attributes().find(|a| a.key() == key).map(|a| a.expr())
+}
+
+/// A uid as a job file writes it: `user = "1001"` on a task, `uid = 1001` on a template.
+fn uid(expr: &Expression) -> i64 {
+    match expr {
+        Expression::Number(_) => number(expr),
+        _ => text(expr)
+            .parse()
+            .unwrap_or_else(|_| panic!("not a numeric uid: {expr:?}")),
+    }
+}
+
+/// The path a `file("…")` call names, resolved as the Nomad CLI does: relative to the
+/// directory of the job file (jobspec2 ParseConfig.BaseDir = dir(Path)).
+fn file_call(expr: &Expression, job_file: &str) -> Option<PathBuf> {
+    let Expression::FuncCall(call) = expr else {
+        return None;
+    };
+    if call.name.name.as_str() != "file" || call.args.len() != 1 {
+        return None;
+    }
+    let dir = repo_path(job_file).parent().unwrap().to_path_buf();
+    Some(dir.join(text(&call.args[0])))
+}
+
+/// Every string in a body, at any depth: attribute values, lists, objects, templates.
+fn all_strings(body: &Body, out: &mut Vec<String>) {
+    fn walk(expr: &Expression, out: &mut Vec<String>) {
+        match expr {
+            Expression::String(_) | Expression::TemplateExpr(_) => out.push(text(expr)),
+            Expression::Array(items) => items.iter().for_each(|e| walk(e, out)),
+            Expression::Object(object) => object.values().for_each(|e| walk(e, out)),
+            Expression::FuncCall(call) => call.args.iter().for_each(|e| walk(e, out)),
+            _ => {}
+        }
+    }
+    for attribute in body.attributes() {
+        walk(attribute.expr(), out);
+    }
+    for block in body.blocks() {
+        all_strings(block.body(), out);
+    }
+}
+
+fn env_of(task: &Body) -> Vec<(String, String)> {
+    block(task, "env")
+        .body()
+        .attributes()
+        .map(|a| (a.key().to_string(), text(a.expr())))
+        .collect()
+}
+
+fn runner_task_body(file: &str) -> Body {
+    let job = job(file);
+    let group = labelled(&job, "group", &["runner"]).body().clone();
+    labelled(&group, "task", &["runner"]).body().clone()
+}
+
+/// Every runner task runs the shipped entrypoint, nomad/runner/entrypoint.sh, as the content
+/// of a template read with file() (so `nomad job run nomad/<file>` works as shipped), passed
+/// through untouched by the template engine, with a kill signal and time of its own.
 #[test]
-fn github_runners_are_ephemeral_named_by_meta_with_their_own_work_dir() {
+fn every_runner_task_runs_the_shipped_entrypoint() {
+    let entrypoint = repo_path("nomad/runner/entrypoint.sh");
+    let script = std::fs::read_to_string(&entrypoint).expect("the entrypoint exists");
+    for file in RUNNER_JOBS {
+        let task = runner_task_body(file);
+        let config = block(&task, "config").body();
+        assert_eq!(text(attr(config, "command")), "/bin/bash", "{file}");
+        assert_eq!(
+            strings(attr(config, "args")),
+            ["${NOMAD_TASK_DIR}/entrypoint.sh"],
+            "{file}"
+        );
+        let templates = blocks(&task, "template");
+        let template = templates
+            .iter()
+            .map(|t| t.body())
+            .find(|t| text(attr(t, "destination")) == "local/entrypoint.sh")
+            .unwrap_or_else(|| panic!("{file}: no template renders local/entrypoint.sh"));
+        let source = file_call(attr(template, "data"), file)
+            .unwrap_or_else(|| panic!("{file}: the entrypoint is not file(\"…\")"));
+        assert_eq!(
+            source
+                .canonicalize()
+                .expect("file() names an existing file"),
+            entrypoint.canonicalize().unwrap(),
+            "{file}"
+        );
+        for delimiter in ["left_delimiter", "right_delimiter"] {
+            let value = text(attr(template, delimiter));
+            assert!(
+                !script.contains(&value),
+                "{file}: the script contains its template {delimiter} {value}"
+            );
+        }
+        assert!(
+            !text(attr(&task, "kill_timeout")).is_empty(),
+            "{file}: kill_timeout"
+        );
+        assert_eq!(text(attr(&task, "kill_signal")), "SIGTERM", "{file}");
+        let env: BTreeSet<String> = env_of(&task).into_iter().map(|(k, _)| k).collect();
+        for name in ["RUNNER_FORGE", "REPO_URL", "RUNNER_NAME", "RUNNER_LABELS"] {
+            assert!(env.contains(name), "{file}: no {name}");
+        }
+        assert!(env.contains("RUNNER_IDLE_TIMEOUT"), "{file}");
+    }
+}
+
+/// Each runner task's credential comes from exactly where its mode puts it: dispatch meta in
+/// app and forgejo mode, the prestart task's file in vault mode (whose runner task accepts no
+/// runner_token and holds no Vault token).
+#[test]
+fn runner_credentials_come_from_meta_or_the_prestart_file_never_both() {
     for file in [
         "nomad/ci-runner.nomad.hcl",
-        "nomad/github-runner-vault.nomad.hcl",
+        "nomad/forgejo-runner.nomad.hcl",
     ] {
-        let task = runner_task(file);
-        for needle in [
-            "${NOMAD_META_runner_name}",
-            "--name \"$RUNNER_NAME\"",
-            "--ephemeral",
-            "--disableupdate",
-            "--unattended",
-            "--work \"$work\"",
-            "work=\"$NOMAD_TASK_DIR/work\"",
-        ] {
-            assert!(task.contains(needle), "{file}: no {needle}");
-        }
-        let unset = task.find("unset token").expect("the credential is unset");
-        let run = task.find("exec ./run.sh").expect("run.sh is exec'd");
-        assert!(unset < run, "{file}: the credential outlives registration");
+        let env = env_of(&runner_task_body(file));
+        assert!(
+            env.contains(&(
+                "RUNNER_TOKEN".to_string(),
+                "${NOMAD_META_runner_token}".to_string()
+            )),
+            "{file}: {env:?}"
+        );
+        assert!(
+            !env.iter().any(|(k, _)| k == "RUNNER_CREDENTIAL_FILE"),
+            "{file}"
+        );
     }
-}
 
-#[test]
-fn runner_credentials_leave_the_environment_before_any_job_runs() {
-    for (file, start) in [
-        ("nomad/ci-runner.nomad.hcl", "exec ./run.sh"),
-        (
-            "nomad/forgejo-runner.nomad.hcl",
-            "exec forgejo-runner one-job",
-        ),
-    ] {
-        let task = runner_task(file);
-        let unset = task
-            .find("unset RUNNER_TOKEN NOMAD_META_runner_token NOMAD_META_RUNNER_TOKEN")
-            .unwrap_or_else(|| panic!("{file}: the token stays in the environment"));
-        assert!(unset < task.find(start).unwrap(), "{file}");
-    }
-    // The vault variant's runner task never sees the admin token: only the mint task has a
-    // vault block.
-    let vault = job("nomad/github-runner-vault.nomad.hcl");
-    let group = labelled(&vault, "group", &["runner"]).body();
-    assert!(blocks(labelled(group, "task", &["runner"]).body(), "vault").is_empty());
-    assert_eq!(
-        blocks(labelled(group, "task", &["mint"]).body(), "vault").len(),
-        1
+    let file = "nomad/github-runner-vault.nomad.hcl";
+    let job = job(file);
+    let group = labelled(&job, "group", &["runner"]).body();
+    let mint = labelled(group, "task", &["mint"]).body();
+    let runner = labelled(group, "task", &["runner"]).body();
+    let lifecycle = block(mint, "lifecycle").body();
+    assert_eq!(text(attr(lifecycle, "hook")), "prestart");
+    assert!(!boolean(attr(lifecycle, "sidecar")));
+    assert_eq!(blocks(mint, "vault").len(), 1, "the mint task reads Vault");
+    assert!(
+        blocks(runner, "vault").is_empty(),
+        "the runner holds no Vault token"
     );
-    let runner = runner_task("nomad/github-runner-vault.nomad.hcl");
-    assert!(!runner.contains("moat-runner"));
-    assert!(runner.contains("rm -f \"$NOMAD_ALLOC_DIR/registration-token\""));
+    assert!(blocks(runner, "identity").is_empty());
+
+    let runner_env = env_of(runner);
+    assert!(!runner_env.iter().any(|(k, _)| k == "RUNNER_TOKEN"));
+    assert!(!source(runner).contains("NOMAD_META_runner_token"));
+    let credential = |env: &[(String, String)]| {
+        env.iter()
+            .find(|(k, _)| k == "RUNNER_CREDENTIAL_FILE")
+            .map(|(_, v)| v.clone())
+            .expect("RUNNER_CREDENTIAL_FILE")
+    };
+    let written = credential(&env_of(mint));
+    assert!(written.starts_with("${NOMAD_ALLOC_DIR}/"), "{written}");
+    assert_eq!(written, credential(&runner_env), "read where it is written");
+    assert!(runner_env.contains(&("RUNNER_CREDENTIAL_WRAPPED".to_string(), "false".to_string())));
+    let mint_script = blocks(mint, "template")
+        .into_iter()
+        .find_map(|t| file_call(attr(t.body(), "data"), file))
+        .expect("the mint script is a file()");
+    assert!(mint_script.exists(), "{}", mint_script.display());
+}
+
+/// In every group, a file one task writes is readable by the others: every task that sets a
+/// user sets the same one, and every template with an owner is owned by its task's user.
+/// (A prestart task writing the credential as another uid than the runner reads it as would
+/// leave the runner without it, or make it readable by more than the runner.)
+#[test]
+fn files_are_written_as_the_uid_that_reads_them() {
+    for (file, job) in every_job_file() {
+        for group in blocks(&job, "group") {
+            let tasks = blocks(group.body(), "task");
+            let has_prestart = tasks.iter().any(|t| {
+                blocks(t.body(), "lifecycle")
+                    .first()
+                    .is_some_and(|l| text(attr(l.body(), "hook")) == "prestart")
+            });
+            let users: BTreeSet<i64> = tasks
+                .iter()
+                .filter_map(|t| optional_attr(t.body(), "user").map(uid))
+                .collect();
+            if has_prestart {
+                assert_eq!(
+                    users.len(),
+                    1,
+                    "{file}: a prestart task and users {users:?}"
+                );
+                assert!(
+                    tasks
+                        .iter()
+                        .all(|t| optional_attr(t.body(), "user").is_some()),
+                    "{file}: a task without a user beside a prestart task"
+                );
+            }
+            for task in &tasks {
+                let user = optional_attr(task.body(), "user").map(uid);
+                for template in blocks(task.body(), "template") {
+                    for key in ["uid", "gid"] {
+                        if let Some(owner) = optional_attr(template.body(), key) {
+                            assert_eq!(
+                                Some(uid(owner)),
+                                user,
+                                "{file}: a template's {key} is not its task's user"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // The runner tasks all set their user and own their entrypoint.
+    for file in RUNNER_JOBS {
+        let task = runner_task_body(file);
+        assert!(optional_attr(&task, "user").is_some(), "{file}: no user");
+    }
+}
+
+/// The host's Docker socket in a runner is the node handed to every workflow: no job file
+/// mounts it, in `volumes`, a `mount` block or anywhere else.
+#[test]
+fn no_job_file_mounts_the_host_docker_socket_or_runs_latest() {
+    for (file, job) in every_job_file() {
+        let mut strings = Vec::new();
+        all_strings(&job, &mut strings);
+        for value in &strings {
+            assert!(!value.contains("docker.sock"), "{file}: {value}");
+        }
+        for value in strings.iter().filter(|v| v.contains("latest")) {
+            assert!(
+                !value.ends_with(":latest"),
+                "{file}: an image on latest: {value}"
+            );
+        }
+    }
 }
 
 #[test]
-fn forgejo_runner_registers_non_interactively_and_runs_one_job() {
-    let task = runner_task("nomad/forgejo-runner.nomad.hcl");
-    for needle in [
-        "forgejo-runner register",
-        "--no-interactive",
-        "--instance \"$instance\"",
-        "--name \"$RUNNER_NAME\"",
-        "${NOMAD_META_runner_name}",
-        "forgejo-runner one-job",
-    ] {
-        assert!(task.contains(needle), "no {needle}");
+fn runners_run_only_in_their_own_node_pool() {
+    for file in RUNNER_JOBS {
+        assert_eq!(text(attr(&job(file), "node_pool")), "ci-runners", "{file}");
     }
 }
 
