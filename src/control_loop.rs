@@ -305,7 +305,14 @@ impl Controller {
         if let Some(gap) = &snapshot.undiscovered {
             gaps.push(format!("parents of our children: {}", gap.message));
         }
-        self.memory.take_back.learn_from_snapshot(&snapshot, now);
+        let exit_codes = read_exit_codes(
+            self.services.children.clone(),
+            self.memory.take_back.ends_to_read(&snapshot),
+        )
+        .await;
+        self.memory
+            .take_back
+            .learn_from_snapshot(&snapshot, &exit_codes, now);
         self.read_pause_key().await;
         let holds = self.holds(now);
         let plan = (self.planner)(PlanInput {
@@ -747,6 +754,26 @@ impl Controller {
             )
         });
     }
+}
+
+/// How the runners of children that just ended with a failed allocation exited: one
+/// allocation listing per such child, only in the tick it turned dead. A code that cannot be
+/// read leaves the end judged as before: a failed start.
+async fn read_exit_codes(
+    children: Arc<dyn ChildSource>,
+    ended: Vec<ChildId>,
+) -> BTreeMap<ChildId, i32> {
+    let mut codes = BTreeMap::new();
+    for child in ended {
+        match children.runner_exit_code(&child).await {
+            Ok(Some(code)) => {
+                codes.insert(child, code);
+            }
+            Ok(None) => {}
+            Err(e) => debug!("{e}"),
+        }
+    }
+    codes
 }
 
 /// Runs ticks until `shutdown` completes: a tick at start, then one every poll interval. A

@@ -181,6 +181,40 @@ struct DispatchResponseWire {
 struct AllocStubWire {
     #[serde(rename = "ClientStatus")]
     client_status: String,
+    #[serde(rename = "CreateIndex", default)]
+    create_index: u64,
+    #[serde(rename = "TaskStates", default)]
+    task_states: Option<BTreeMap<String, TaskStateWire>>,
+}
+
+#[derive(Deserialize)]
+struct TaskStateWire {
+    #[serde(rename = "Events", default)]
+    events: Option<Vec<TaskEventWire>>,
+}
+
+#[derive(Deserialize)]
+struct TaskEventWire {
+    #[serde(rename = "Type", default)]
+    kind: String,
+    #[serde(rename = "Time", default)]
+    time: i64,
+    #[serde(rename = "ExitCode", default)]
+    exit_code: i32,
+}
+
+/// The exit code of the newest allocation's last `Terminated` task event. A prestart task
+/// that exited 0 before the runner task ended is older, so the runner's code wins.
+fn runner_exit_code(allocations: &[AllocStubWire]) -> Option<i32> {
+    let newest = allocations.iter().max_by_key(|a| a.create_index)?;
+    newest
+        .task_states
+        .iter()
+        .flatten()
+        .flat_map(|(_, task)| task.events.iter().flatten())
+        .filter(|e| e.kind == "Terminated")
+        .max_by_key(|e| e.time)
+        .map(|e| e.exit_code)
 }
 
 /// Terminal client statuses of an allocation (API-CONTRACTS: complete, failed, lost). Any
@@ -454,6 +488,18 @@ struct ParentOfWire {
 
 #[async_trait]
 impl ChildSource for NomadClient {
+    #[tracing::instrument(skip_all, fields(child = %child))]
+    async fn runner_exit_code(&self, child: &ChildId) -> Result<Option<i32>, PortError> {
+        let doing = format!("read how the runner of {child} ended");
+        let request = self.request(
+            reqwest::Method::GET,
+            self.url(&["job", &child.0, "allocations"]),
+        );
+        let response = self.send(&doing, request).await?;
+        let allocations: Vec<AllocStubWire> = Self::json(&doing, response).await?;
+        Ok(runner_exit_code(&allocations))
+    }
+
     #[tracing::instrument(skip_all)]
     async fn parents_with_our_children(&self) -> Result<BTreeSet<String>, PortError> {
         let doing = "list the parents of our children";
@@ -641,6 +687,34 @@ mod tests {
     const LIST_JOBS_FULL_STUB: &str =
         include_str!("../../tests/fixtures/nomad/list-jobs-full-stub.response.json");
     const LIST_JOBS: &str = include_str!("../../tests/fixtures/nomad/list-jobs.response.json");
+
+    #[test]
+    fn the_runner_exit_code_is_the_newest_allocations_last_terminated_event() {
+        let documented: Vec<AllocStubWire> = serde_json::from_str(include_str!(
+            "../../tests/fixtures/nomad/list-job-allocations.response.json"
+        ))
+        .unwrap();
+        assert_eq!(
+            runner_exit_code(&documented),
+            None,
+            "the example never ended"
+        );
+        let ended: Vec<AllocStubWire> = serde_json::from_value(serde_json::json!([
+            { "ClientStatus": "failed", "CreateIndex": 7, "TaskStates": {
+                "mint": { "Events": [ { "Type": "Terminated", "Time": 10, "ExitCode": 0 } ] },
+                "runner": { "Events": [
+                    { "Type": "Received", "Time": 5, "ExitCode": 0 },
+                    { "Type": "Terminated", "Time": 20, "ExitCode": 3 }
+                ] }
+            } },
+            { "ClientStatus": "failed", "CreateIndex": 3, "TaskStates": {
+                "runner": { "Events": [ { "Type": "Terminated", "Time": 99, "ExitCode": 1 } ] }
+            } }
+        ]))
+        .unwrap();
+        assert_eq!(runner_exit_code(&ended), Some(3));
+        assert_eq!(runner_exit_code(&[]), None);
+    }
 
     fn stubs(body: &str) -> Vec<JobStubWire> {
         serde_json::from_str(body).expect("fixture parses as job stubs")

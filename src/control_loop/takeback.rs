@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tracing::{info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::act::RunnerRegistry;
 use crate::clock::after;
@@ -54,6 +54,12 @@ struct Reading {
 }
 
 /// The memory of taking runners back.
+/// The runner contract's exit code (`nomad/runner/entrypoint.sh`) for a runner that left
+/// without ever being assigned a job.
+pub const RUNNER_EXIT_IDLE: i32 = 3;
+/// ... and for one whose wrapped credential someone else had already unwrapped.
+pub const RUNNER_EXIT_CREDENTIAL_USED: i32 = 4;
+
 #[derive(Default)]
 pub struct TakeBackMemory {
     /// Runners a job in progress has named: they took a job, so their end is no failed start.
@@ -104,7 +110,29 @@ impl TakeBackMemory {
     /// Learns from what the tick observed: runners that took a job end their bucket's
     /// backoff; children that turned dead with a failed allocation, whose runner never took
     /// a job, are failed starts and back their bucket off.
-    pub fn learn_from_snapshot(&mut self, snapshot: &Snapshot, now: DateTime<Utc>) {
+    /// Dead children of ours whose allocation failed and whose end is not judged yet: how
+    /// their runner exited tells a failed start from an idle exit or a stolen credential.
+    pub fn ends_to_read(&self, snapshot: &Snapshot) -> Vec<ChildId> {
+        snapshot
+            .our_children()
+            .map(|c| c.child)
+            .filter(|c| {
+                c.status == ChildStatus::Dead
+                    && c.placement == Placement::Failed
+                    && !self.ends_judged.contains(&c.id)
+                    && !self.stopped.contains(&c.id)
+            })
+            .map(|c| c.id.clone())
+            .collect()
+    }
+
+    /// Learns from the snapshot, with the runner exit codes read for [`Self::ends_to_read`].
+    pub fn learn_from_snapshot(
+        &mut self,
+        snapshot: &Snapshot,
+        exit_codes: &BTreeMap<ChildId, i32>,
+        now: DateTime<Utc>,
+    ) {
         let runners = runners_of(snapshot);
         // A JIT id is needed while its child is listed; once every listing was read and the
         // child is gone, so is the need.
@@ -135,6 +163,26 @@ impl TakeBackMemory {
             }
             if child.placement != Placement::Failed {
                 continue;
+            }
+            match exit_codes.get(&child.id) {
+                // The runner contract's idle exit: it booted and registered, and no job came.
+                Some(&RUNNER_EXIT_IDLE) => {
+                    debug!(child = %child.id, "the runner left idle: no failed start");
+                    worked.push(bucket);
+                    continue;
+                }
+                Some(&RUNNER_EXIT_CREDENTIAL_USED) => {
+                    error!(
+                        bucket = %bucket,
+                        child = %child.id,
+                        runner = %name,
+                        "possible credential theft: the runner found its wrapped credential \
+                         already unwrapped by someone else (exit 4); rotate what it guards and \
+                         check who can read the runners' namespace"
+                    );
+                    continue;
+                }
+                _ => {}
             }
             let entry = self.crash.entry(bucket.clone()).or_insert(CrashBackoff {
                 failed_starts: 0,

@@ -173,6 +173,14 @@ pub trait ChildSource: Send + Sync {
     /// Every parent that has children of ours, whatever the document names: what a daemon
     /// started after an edit of the document (or a restart) needs to count and purge them.
     async fn parents_with_our_children(&self) -> Result<BTreeSet<String>, PortError>;
+
+    /// How a dead child's runner ended: the exit code of the last task that reported one in
+    /// a `Terminated` event of its allocation (the runner contract: 3 idle, 4 a credential
+    /// already used). `None` when none did (it never started). Read once per dead child
+    /// whose allocation failed.
+    async fn runner_exit_code(&self, _child: &ChildId) -> Result<Option<i32>, PortError> {
+        Ok(None)
+    }
 }
 
 /// A fact the tick could not read. Whatever depends on it is held back this tick.

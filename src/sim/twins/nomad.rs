@@ -136,6 +136,8 @@ pub struct TwinAllocation {
     /// Nanoseconds since the Unix epoch.
     pub create_time_ns: i64,
     pub modify_time_ns: i64,
+    /// The runner task's exit code once it ended, shown as a `Terminated` task event.
+    pub exit_code: Option<i32>,
 }
 
 /// One `DELETE /v1/job/{id}` the twin served: a stop, or a purge with `purge=true`.
@@ -331,6 +333,7 @@ impl TwinState {
                         modify_index: index,
                         create_time_ns: now_ns,
                         modify_time_ns: now_ns,
+                        exit_code: None,
                     });
                 }
                 if let Some(allocation) = &mut job.allocation {
@@ -791,6 +794,20 @@ impl NomadTwin {
         )
     }
 
+    /// The runner task exited with `code` (the runner contract: 0 after a job, 3 idle, 4 a
+    /// credential already used): `dead`, its allocation complete for 0 and failed otherwise,
+    /// with a `Terminated` event carrying the code.
+    pub fn finish_with_exit(&self, child: &str, code: i32) -> Result<(), String> {
+        self.finish(child, code == 0)?;
+        let mut state = self.lock();
+        let allocation = state
+            .find_mut(child)
+            .and_then(|job| job.allocation.as_mut())
+            .ok_or_else(|| format!("{child} has no allocation"))?;
+        allocation.exit_code = Some(code);
+        Ok(())
+    }
+
     /// The evaluation failed without placing anything: `dead` with no allocation at all.
     pub fn fail_evaluation(&self, child: &str) -> Result<(), String> {
         self.lock().transition(
@@ -1072,7 +1089,17 @@ fn allocation_stub_json(job: &TwinJob, allocation: &TwinAllocation) -> Value {
     task["FinishedAt"] = json!(finished);
     let mut received = task["Events"][0].clone();
     received["Time"] = json!(allocation.create_time_ns);
-    task["Events"] = json!([received]);
+    let mut events = vec![received.clone()];
+    if let Some(code) = allocation.exit_code {
+        let mut terminated = received;
+        terminated["Type"] = json!("Terminated");
+        terminated["Time"] = json!(allocation.modify_time_ns);
+        terminated["ExitCode"] = json!(code);
+        terminated["FailsTask"] = json!(code != 0);
+        terminated["Message"] = json!("");
+        events.push(terminated);
+    }
+    task["Events"] = json!(events);
     stub["ID"] = json!(allocation.id);
     stub["EvalID"] = json!(allocation.eval_id);
     stub["Name"] = json!(format!("{}.{TASK_GROUP}[0]", job.id));
