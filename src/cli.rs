@@ -239,6 +239,18 @@ pub struct DaemonArgs {
     /// its one-hour registration token expires.
     #[arg(long, env = "RUNNER_SCALER_PLACEMENT_TIMEOUT", default_value = "50m", value_parser = humantime::parse_duration, hide_env_values = true)]
     pub placement_timeout: Duration,
+    /// TTL of the leader lock's Consul session (at least 1s here; Consul refuses less than
+    /// its session_ttl_min, 10s by default). A standby takes over within 2 × TTL + TTL/3.
+    #[arg(long, env = "RUNNER_SCALER_LOCK_TTL", default_value = "15s", value_parser = humantime::parse_duration, hide_env_values = true)]
+    pub lock_ttl: Duration,
+    /// The Consul KV key of the leader lock.
+    #[arg(
+        long,
+        env = "RUNNER_SCALER_LEADER_KEY",
+        default_value = "runners/leader",
+        hide_env_values = true
+    )]
+    pub leader_key: String,
 }
 
 /// Reads a secret from `VAR`, or from the file `VAR_FILE` names. `Ok(None)` when neither is
@@ -294,6 +306,20 @@ impl DaemonArgs {
         if self.runner_scaler_config_key.trim().is_empty() {
             problems.push(
                 "--runner-scaler-config-key (RUNNER_SCALER_CONFIG_KEY) must name a Consul key"
+                    .to_string(),
+            );
+        }
+        if self.lock_ttl < crate::leader::LOCK_TTL_MIN {
+            problems.push(
+                "--lock-ttl (RUNNER_SCALER_LOCK_TTL) must be at least 1s (Consul's own minimum, \
+                 session_ttl_min, is 10s unless lowered)"
+                    .to_string(),
+            );
+        }
+        if self.leader_key.trim().is_empty() || self.leader_key == self.runner_scaler_config_key {
+            problems.push(
+                "--leader-key (RUNNER_SCALER_LEADER_KEY) must name a Consul key other than the \
+                 document's"
                     .to_string(),
             );
         }

@@ -16,6 +16,7 @@ use crate::cli::{
     read_secret_file,
 };
 use crate::clients::consul::{ConsulKv, ConsulSettings};
+use crate::clients::consul_lock::ConsulLock;
 use crate::clients::forgejo::Forgejo;
 use crate::clients::github::{AppCredentials, GitHub, GitHubSettings};
 use crate::clients::http::TlsFiles;
@@ -24,6 +25,9 @@ use crate::clients::vault::{VaultKv, VaultSettings};
 use crate::config::ConfigDefaults;
 use crate::config::watch::{DocumentSource, Fetched, WatchSettings};
 use crate::control_loop::{Controller, LoopSettings, Services};
+use crate::leader::{
+    self, Holder, LeaderSettings, LeaderState, LockStore, OneShot, OneShotRefused,
+};
 use crate::model::ErrorClass;
 use crate::observe::PortError;
 use crate::plan::PlanSettings;
@@ -91,6 +95,9 @@ impl SecretSource for NoVault {
 pub struct Built {
     pub services: Services,
     pub consul: ConsulKv,
+    /// The leader lock's Consul calls, and its settings.
+    pub lock: Arc<dyn LockStore>,
+    pub leader: LeaderSettings,
     pub loop_settings: LoopSettings,
     pub defaults: ConfigDefaults,
 }
@@ -113,16 +120,20 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
         },
         timeout,
     )?);
+    let consul_token = read_secret("CONSUL_HTTP_TOKEN")?;
     let consul = ConsulKv::new(
         &ConsulSettings {
             address: args.consul_http_addr.clone(),
-            token: read_secret("CONSUL_HTTP_TOKEN")?,
+            token: consul_token.clone(),
             ca_cert: args.consul_cacert.clone(),
             client_cert: args.consul_client_cert.clone(),
             client_key: args.consul_client_key.clone(),
         },
         &args.runner_scaler_config_key,
     )?;
+    crate::clients::consul::check_key(&args.leader_key)
+        .map_err(|e| format!("--leader-key (RUNNER_SCALER_LEADER_KEY): {e}"))?;
+    let lock: Arc<dyn LockStore> = Arc::new(ConsulLock::new(&consul, consul_token));
     if args.github_app_vault_path.is_some() && args.github_app_private_key_file.is_some() {
         return Err("set GITHUB_APP_PRIVATE_KEY_FILE or GITHUB_APP_VAULT_PATH, not both".into());
     }
@@ -191,6 +202,12 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
     Ok(Built {
         services: Services::of(github, forgejo, nomad),
         consul,
+        lock,
+        leader: LeaderSettings {
+            key: args.leader_key.clone(),
+            ttl: args.lock_ttl,
+            holder: Holder::of_this_process(),
+        },
         loop_settings: LoopSettings {
             poll_interval: args.poll_interval,
             plan: PlanSettings {
@@ -239,38 +256,80 @@ async fn wait_for_signal() -> &'static str {
     }
 }
 
+/// The document source of one leadership term: the daemon's one Consul client, shared.
+struct SharedKv(Arc<ConsulKv>);
+
+#[async_trait]
+impl DocumentSource for SharedKv {
+    async fn fetch(&self, index: u64, wait: std::time::Duration) -> Result<Fetched, PortError> {
+        self.0.fetch(index, wait).await
+    }
+}
+
 async fn daemon(args: DaemonArgs) -> ExitCode {
     let built = match build(&args).await {
         Ok(built) => built,
         Err(e) => return bad_settings(e),
     };
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
-    let (config_rx, watcher) = crate::config::watch::spawn(
-        built.consul,
-        built.defaults,
-        WatchSettings::default(),
-        stopped(stop_rx.clone()),
-    );
-    let controller = Controller::new(
-        built.services,
-        built.loop_settings,
-        Box::new(StdRng::from_os_rng()),
-    );
+    // Read by whoever reports the daemon's state (metrics, /livez).
+    let (leader_tx, _leader_rx) = tokio::sync::watch::channel(LeaderState::NoSession);
+    let consul = Arc::new(built.consul);
+    let services = built.services;
+    let mut rng = StdRng::from_os_rng();
     info!(
         poll_interval = %humantime::format_duration(args.poll_interval),
-        "runner-scaler started"
+        lock_ttl = %humantime::format_duration(built.leader.ttl),
+        leader_key = %built.leader.key,
+        "runner-scaler started: standing by for the leader lock"
     );
-    crate::control_loop::run(controller, config_rx, &crate::clock::SystemClock, async {
-        shutdown_signal().await;
-    })
+    // Only the lock holder reads the document and ticks; a standby reads the lock key alone.
+    let led = leader::lead(
+        built.lock,
+        built.leader,
+        leader_tx,
+        shutdown_signal(),
+        |fence, stop| {
+            let controller = Controller::new(
+                leader::fenced(&services, &fence),
+                built.loop_settings.clone(),
+                Box::new(StdRng::from_rng(&mut rng)),
+            );
+            let consul = SharedKv(consul.clone());
+            let defaults = built.defaults.clone();
+            async move {
+                let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+                let (config_rx, watcher) = crate::config::watch::spawn(
+                    consul,
+                    defaults,
+                    WatchSettings::default(),
+                    async move {
+                        let mut stop_rx = stop_rx;
+                        let _ = stop_rx.wait_for(|stop| *stop).await;
+                    },
+                );
+                crate::control_loop::run(
+                    controller,
+                    config_rx,
+                    &crate::clock::SystemClock,
+                    stop.wait(),
+                )
+                .await;
+                let _ = stop_tx.send(true);
+                let _ = watcher.await;
+            }
+        },
+    )
     .await;
-    let _ = stop_tx.send(true);
-    let _ = watcher.await;
-    info!("runner-scaler stopped");
-    ExitCode::SUCCESS
+    match led {
+        Ok(()) => {
+            info!("runner-scaler stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!("{e}");
+            bad_settings(e)
+        }
+    }
 }
 
 /// `once` and `status`: read the document once, run one tick (acting unless `dry_run`).
@@ -302,8 +361,27 @@ async fn once(args: DaemonArgs, dry_run: bool, json: bool) -> ExitCode {
             return ExitCode::from(EXIT_INVALID as u8);
         }
     };
+    // Acting needs the leader lock, as the daemon does; looking needs none.
+    let lease = if dry_run {
+        None
+    } else {
+        match OneShot::take(built.lock.clone(), built.leader.clone()).await {
+            Ok(lease) => Some(lease),
+            Err(refused @ OneShotRefused::Settings(_)) => return bad_settings(refused),
+            Err(refused) => {
+                eprintln!(
+                    "runner-scaler once: {refused}; not acting (`once --dry-run` shows what a tick would do)"
+                );
+                return ExitCode::from(EXIT_INVALID as u8);
+            }
+        }
+    };
+    let services = match &lease {
+        Some(lease) => leader::fenced(&built.services, &lease.fence),
+        None => built.services,
+    };
     let mut controller = Controller::new(
-        built.services,
+        services,
         built.loop_settings,
         Box::new(StdRng::from_os_rng()),
     );
@@ -311,6 +389,9 @@ async fn once(args: DaemonArgs, dry_run: bool, json: bool) -> ExitCode {
     let view = controller
         .tick(&config, 0, crate::clock::SystemClock.now(), dry_run)
         .await;
+    if let Some(lease) = lease {
+        lease.give_back().await;
+    }
     if json {
         println!(
             "{}",
