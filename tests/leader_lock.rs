@@ -174,6 +174,9 @@ fn ticking(
 ) -> impl FnMut(Fence, StopTerm) -> futures::future::BoxFuture<'static, ()> + Send {
     move |fence: Fence, stop: StopTerm| {
         let ports = leader::fenced(&services, &fence);
+        if writes_per_tick == 0 {
+            return Box::pin(in_flight(ports, period, stop));
+        }
         Box::pin(async move {
             let mut stop = std::pin::pin!(stop.wait());
             let mut n = 0;
@@ -190,6 +193,24 @@ fn ticking(
                 }
             }
         })
+    }
+}
+
+/// A term that sends one write every `period` without waiting for the previous one to
+/// land: writes are always in flight, the last one checked just before the fence closed.
+async fn in_flight(ports: Services, period: Duration, stop: StopTerm) {
+    let ports = Arc::new(ports);
+    let mut stop = std::pin::pin!(stop.wait());
+    for n in 0.. {
+        tokio::select! {
+            biased;
+            _ = &mut stop => return,
+            _ = tokio::time::sleep(period) => {}
+        }
+        let ports = ports.clone();
+        tokio::spawn(async move {
+            let _ = ports.control.dispatch(&request(n)).await;
+        });
     }
 }
 
@@ -348,6 +369,27 @@ async fn a_holder_cut_off_from_consul_stops_writing_before_a_successor_can_acqui
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_write_sent_just_before_the_fence_closed_lands_before_a_successor_can_acquire() {
+    let consul = ConsulTwin::new();
+    let nomad = Nomad::new(&consul);
+    // Writes take longer than the margin to land (a slow network): only the lock delay
+    // keeps the successor from acting before the last of them lands.
+    let s = settings("a", TTL);
+    let transit = s.margin() + s.lock_delay() / 2;
+    let (_a, mut b) = two_daemons(&consul, &nomad, TTL, transit, 0).await;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    consul.set_partitioned("daemon-a", true);
+    b.leading().await;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert!(!nomad.writes_by("daemon-b").is_empty(), "B never wrote");
+    assert!(
+        nomad.while_another_held().is_empty(),
+        "two writers: {:?}",
+        nomad.while_another_held()
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_holder_whose_session_expired_stops_at_once_and_stands_by_with_a_new_session() {
     let consul = ConsulTwin::new();
     let nomad = Nomad::new(&consul);
@@ -500,4 +542,87 @@ async fn once_is_refused_naming_the_holder_and_takes_and_gives_back_a_free_lock(
     assert!(fence.may_write().is_err());
     assert_eq!(consul.lock_holder(KEY), None);
     assert!(consul.sessions().is_empty());
+}
+
+/// The real Consul client against the twin over loopback (real time: no paused clock with
+/// sockets): the calls the lock makes, with Consul's answers.
+#[tokio::test]
+async fn the_consul_client_speaks_sessions_and_locks_as_the_twin_answers_them() {
+    use runner_scaler::clients::consul::{ConsulKv, ConsulSettings};
+    use runner_scaler::clients::consul_lock::ConsulLock;
+    use runner_scaler::leader::{LockError, SessionRequest};
+    use runner_scaler::sim::twins::TwinServer;
+
+    let twin = ConsulTwin::with_token("daemon-a");
+    twin.allow_token("daemon-b");
+    let server = TwinServer::start(twin.router()).await.expect("serve");
+    let client = |token: &str| {
+        let settings = ConsulSettings {
+            address: server.base_url(),
+            token: Some(SecretString::from(token.to_string())),
+            ca_cert: None,
+            client_cert: None,
+            client_key: None,
+        };
+        let kv = ConsulKv::new(&settings, "runners/config").expect("client");
+        ConsulLock::new(&kv, settings.token.clone())
+    };
+    let (a, b) = (client("daemon-a"), client("daemon-b"));
+    let request = |ttl_s| SessionRequest {
+        name: "test".into(),
+        ttl: Duration::from_secs(ttl_s),
+        lock_delay: Duration::from_secs(5),
+    };
+    let refused = a.create_session(&request(5)).await.err().expect("refused");
+    assert!(
+        matches!(&refused, LockError::TtlRefused(m) if m.contains("Invalid Session TTL '5000000000', must be between [10s=24h0m0s]")),
+        "{refused}"
+    );
+    let sa = a.create_session(&request(15)).await.expect("session a");
+    let sb = b.create_session(&request(15)).await.expect("session b");
+    let value = Holder {
+        holder: "daemon-a".into(),
+        pid: 7,
+    }
+    .to_value();
+    assert!(a.acquire(KEY, &sa, &value).await.unwrap());
+    assert!(!b.acquire(KEY, &sb, b"b").await.unwrap(), "held by a");
+    let key = b.read_key(KEY, 0, Duration::ZERO).await.unwrap();
+    assert_eq!(key.session.as_deref(), Some(sa.0.as_str()));
+    assert_eq!(Holder::describe(&key.value.unwrap()), "daemon-a pid 7");
+    assert!(key.index > 0);
+    a.renew_session(&sa).await.expect("renewed");
+    // A blocking read returns when the key changes: here, when a releases it.
+    let waiting = tokio::spawn({
+        let b = client("daemon-b");
+        async move { b.read_key(KEY, key.index, Duration::from_secs(30)).await }
+    });
+    twin.blocked_reads_at_least(1).await;
+    assert!(a.release(KEY, &sa).await.unwrap());
+    let released = waiting.await.unwrap().unwrap();
+    assert_eq!(released.session, None);
+    a.destroy_session(&sa).await.expect("destroyed");
+    assert!(matches!(
+        a.renew_session(&sa).await,
+        Err(LockError::SessionGone(m)) if m.contains(&format!("Session id '{sa}' not found"))
+    ));
+    // No health checks: the session is not tied to the agent's serfHealth.
+    runner_scaler::clients::http::install_crypto_provider();
+    let info: serde_json::Value = reqwest::Client::new()
+        .get(format!("{}/v1/session/info/{sb}", server.base_url()))
+        .header("X-Consul-Token", "daemon-b")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(info[0]["NodeChecks"], serde_json::json!([]));
+    assert_eq!(info[0]["TTL"], "15s");
+    assert_eq!(info[0]["LockDelay"], 5_000_000_000u64);
+    assert_eq!(info[0]["Behavior"], "release");
+    assert!(
+        b.acquire(KEY, &sb, b"b").await.unwrap(),
+        "free after release, no lock delay"
+    );
 }

@@ -51,6 +51,15 @@ pub fn duration_string(d: Duration) -> String {
     }
 }
 
+/// Consul's short plain-text error bodies, on one line and cut short.
+fn one_line(body: &str) -> String {
+    body.trim()
+        .chars()
+        .take(200)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}
+
 /// A session id as Consul makes them (a UUID); anything else is not put into a URL.
 fn check_session(session: &SessionId) -> Result<(), LockError> {
     if !session.0.is_empty()
@@ -123,10 +132,9 @@ impl ConsulLock {
     fn failed(doing: &str, status: u16, body: &str) -> LockError {
         let status = reqwest::StatusCode::from_u16(status)
             .unwrap_or(reqwest::StatusCode::INTERNAL_SERVER_ERROR);
-        let excerpt: String = body.trim().chars().take(200).collect();
         LockError::Port(PortError::new(
             class_of_status(status),
-            format!("{doing}: {status}: {}", excerpt.escape_debug()),
+            format!("{doing}: {status}: {}", one_line(body)),
         ))
     }
 
@@ -171,11 +179,7 @@ impl LockStore for ConsulLock {
         if status == 500 && body.contains("Invalid Session TTL") {
             return Err(LockError::TtlRefused(format!(
                 "{doing}: Consul refused the TTL: {}",
-                body.trim()
-                    .chars()
-                    .take(200)
-                    .collect::<String>()
-                    .escape_debug()
+                one_line(&body)
             )));
         }
         if status != 200 {
@@ -204,11 +208,7 @@ impl LockStore for ConsulLock {
             200 => Ok(()),
             404 => Err(LockError::SessionGone(format!(
                 "{doing}: {}",
-                body.trim()
-                    .chars()
-                    .take(200)
-                    .collect::<String>()
-                    .escape_debug()
+                one_line(&body)
             ))),
             _ => Err(Self::failed(&doing, status, &body)),
         }
