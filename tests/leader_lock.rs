@@ -372,10 +372,9 @@ async fn a_holder_cut_off_from_consul_stops_writing_before_a_successor_can_acqui
 async fn a_write_sent_just_before_the_fence_closed_lands_before_a_successor_can_acquire() {
     let consul = ConsulTwin::new();
     let nomad = Nomad::new(&consul);
-    // Writes take longer than the margin to land (a slow network): only the lock delay
-    // keeps the successor from acting before the last of them lands.
-    let s = settings("a", TTL);
-    let transit = s.margin() + s.lock_delay() / 2;
+    // Writes take one and a half margins to land (a slow network): only a lock delay of at
+    // least the margin keeps the successor from acting before the last of them lands.
+    let transit = settings("a", TTL).margin() * 3 / 2;
     let (_a, mut b) = two_daemons(&consul, &nomad, TTL, transit, 0).await;
     tokio::time::sleep(Duration::from_secs(20)).await;
     consul.set_partitioned("daemon-a", true);
