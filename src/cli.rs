@@ -240,7 +240,8 @@ pub struct DaemonArgs {
     #[arg(long, env = "RUNNER_SCALER_PLACEMENT_TIMEOUT", default_value = "50m", value_parser = humantime::parse_duration, hide_env_values = true)]
     pub placement_timeout: Duration,
     /// TTL of the leader lock's Consul session (at least 1s here; Consul refuses less than
-    /// its session_ttl_min, 10s by default). A standby takes over within 2 × TTL + TTL/3.
+    /// its session_ttl_min, 10s by default). A standby takes over within
+    /// 2 × TTL + TTL/3 (the lock delay) + 1s.
     #[arg(long, env = "RUNNER_SCALER_LOCK_TTL", default_value = "15s", value_parser = humantime::parse_duration, hide_env_values = true)]
     pub lock_ttl: Duration,
     /// The Consul KV key of the leader lock.

@@ -1,4 +1,4 @@
-# The document runner-scaler reads, and the one permission it needs in Consul.
+# The document runner-scaler reads, and the permissions it needs in Consul.
 
 resource "consul_keys" "runner_config" {
   key {
@@ -13,14 +13,21 @@ resource "consul_keys" "runner_config" {
   }
 }
 
-# Read on exactly the document's key: not a prefix, not the rest of KV. (The leader lock,
-# when it exists, will need its own `session` and key rules here.)
+# Read on exactly the document's key: not a prefix, not the rest of KV. Write on exactly the
+# leader lock's key (`?acquire=` and `?release=` are writes), and sessions: the daemon creates
+# its lock session on the local agent's node, whose name is not known here.
 resource "consul_acl_policy" "runner_scaler_config" {
   name        = "runner-scaler-config"
-  description = "runner-scaler reads its document"
+  description = "runner-scaler reads its document and holds its leader lock"
   rules       = <<-EOT
     key "runners/config" {
       policy = "read"
+    }
+    key "runners/leader" {
+      policy = "write"
+    }
+    session_prefix "" {
+      policy = "write"
     }
   EOT
 }

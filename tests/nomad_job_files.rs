@@ -393,7 +393,7 @@ fn the_daemons_nomad_policy_grants_only_what_it_uses_in_ci_runners() {
 }
 
 #[test]
-fn the_consul_policy_reads_exactly_the_document() {
+fn the_consul_policy_reads_exactly_the_document_and_writes_only_the_leader_lock() {
     let consul = parse("terraform/consul.tf");
     let policy = labelled(
         &consul,
@@ -402,9 +402,18 @@ fn the_consul_policy_reads_exactly_the_document() {
     );
     let rules = parse_text(&text(attr(policy.body(), "rules")), "rules");
 
-    assert_eq!(rules.blocks().count(), 1, "one rule only");
+    assert_eq!(
+        rules.blocks().count(),
+        3,
+        "the document, the lock key, sessions"
+    );
     let key = labelled(&rules, "key", &["runners/config"]);
     assert_eq!(text(attr(key.body(), "policy")), "read");
+    // The leader lock: `?acquire=`/`?release=` on its key, and a session on the agent's node.
+    let lock = labelled(&rules, "key", &["runners/leader"]);
+    assert_eq!(text(attr(lock.body(), "policy")), "write");
+    let sessions = labelled(&rules, "session_prefix", &[""]);
+    assert_eq!(text(attr(sessions.body(), "policy")), "write");
 }
 
 /// Every image in `nomad/` is pinned to a version or a digest: a moving tag changes the
