@@ -343,6 +343,24 @@ mod tests {
     use clap::CommandFactory;
 
     #[test]
+    fn a_lock_ttl_below_one_second_is_a_bad_setting() {
+        let parse = |ttl: &str| {
+            let cli = Cli::try_parse_from(["runner-scaler", "run", "--lock-ttl", ttl]).unwrap();
+            let Command::Run(args) = cli.command else {
+                unreachable!()
+            };
+            args.validate()
+        };
+        let refused = parse("500ms").unwrap_err();
+        assert!(
+            refused.contains("--lock-ttl (RUNNER_SCALER_LOCK_TTL)"),
+            "{refused}"
+        );
+        assert!(parse("1s").is_ok());
+        assert!(parse("15s").is_ok());
+    }
+
+    #[test]
     fn the_cli_is_well_formed() {
         Cli::command().debug_assert();
     }

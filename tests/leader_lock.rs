@@ -625,3 +625,77 @@ async fn the_consul_client_speaks_sessions_and_locks_as_the_twin_answers_them() 
         "free after release, no lock delay"
     );
 }
+
+/// The twin's session bodies have the fields and JSON kinds of Consul's documented examples
+/// (`tests/fixtures/consul/session-*.json`), and it takes the documented create request.
+#[tokio::test]
+async fn the_twins_session_answers_match_consuls_documented_examples() {
+    use runner_scaler::sim::twins::TwinServer;
+    use support::fixtures::{fixture, json_type};
+
+    let twin = ConsulTwin::new();
+    // The documented request asks for a 30s TTL, above the default minimum.
+    let server = TwinServer::start(twin.router()).await.expect("serve");
+    runner_scaler::clients::http::install_crypto_provider();
+    let http = reqwest::Client::new();
+    let put = |path: String, body: String| {
+        let http = http.clone();
+        let url = format!("{}{path}", server.base_url());
+        async move {
+            let response = http.put(url).body(body).send().await.unwrap();
+            let status = response.status().as_u16();
+            (status, response.text().await.unwrap())
+        }
+    };
+    let shape = |value: &serde_json::Value| -> Vec<(String, &'static str)> {
+        let mut keys: Vec<_> = value
+            .as_object()
+            .expect("an object")
+            .iter()
+            // ServiceChecks is null in the example; the kinds of lists are compared elsewhere.
+            .map(|(k, v)| (k.clone(), json_type(v)))
+            .collect();
+        keys.sort();
+        keys
+    };
+    let request = fixture("consul", "session-create.request.json");
+    let (status, created) = put("/v1/session/create".into(), request.to_string()).await;
+    assert_eq!(status, 200, "{created}");
+    let created: serde_json::Value = serde_json::from_str(&created).unwrap();
+    assert_eq!(
+        shape(&created),
+        shape(&fixture("consul", "session-create.response.json"))
+    );
+    let id = created["ID"].as_str().unwrap().to_string();
+
+    let (status, renewed) = put(format!("/v1/session/renew/{id}"), String::new()).await;
+    assert_eq!(status, 200);
+    let renewed: serde_json::Value = serde_json::from_str(&renewed).unwrap();
+    let documented = fixture("consul", "session-renew.response.json");
+    assert_eq!(shape(&renewed[0]), shape(&documented[0]));
+    assert_eq!(renewed[0]["TTL"], "30s");
+    assert_eq!(renewed[0]["LockDelay"], documented[0]["LockDelay"]);
+
+    let info: serde_json::Value = http
+        .get(format!("{}/v1/session/info/{id}", server.base_url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let documented = fixture("consul", "session-info.response.json");
+    assert_eq!(shape(&info[0]), shape(&documented[0]));
+
+    let (status, destroyed) = put(format!("/v1/session/destroy/{id}"), String::new()).await;
+    assert_eq!((status, destroyed.trim()), (200, "true"));
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&destroyed).unwrap(),
+        fixture("consul", "session-destroy.response.json")
+    );
+    let (status, gone) = put(format!("/v1/session/renew/{id}"), String::new()).await;
+    assert_eq!(
+        (status, gone),
+        (404, format!("Session id '{id}' not found"))
+    );
+}
