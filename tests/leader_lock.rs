@@ -572,7 +572,7 @@ async fn the_consul_client_speaks_sessions_and_locks_as_the_twin_answers_them() 
         ttl: Duration::from_secs(ttl_s),
         lock_delay: Duration::from_secs(5),
     };
-    let refused = a.create_session(&request(5)).await.err().expect("refused");
+    let refused = a.create_session(&request(5)).await.expect_err("refused");
     assert!(
         matches!(&refused, LockError::TtlRefused(m) if m.contains("Invalid Session TTL '5000000000', must be between [10s=24h0m0s]")),
         "{refused}"
