@@ -699,3 +699,175 @@ async fn the_twins_session_answers_match_consuls_documented_examples() {
         (404, format!("Session id '{id}' not found"))
     );
 }
+
+/// Writes that reached the Nomad twin over HTTP, each checked as it arrived against the
+/// Consul twin's lock holder.
+#[derive(Clone, Default)]
+struct WriteCheck {
+    landed: Arc<Mutex<Vec<Landed>>>,
+    count: Arc<watch::Sender<usize>>,
+}
+
+impl WriteCheck {
+    fn by(&self, daemon: &str) -> usize {
+        self.landed
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|w| w.by == daemon)
+            .count()
+    }
+
+    fn violations(&self) -> Vec<Landed> {
+        self.landed
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|w| w.holder.as_deref() != Some(w.by.as_str()))
+            .cloned()
+            .collect()
+    }
+
+    async fn until(&self, wanted: impl Fn(&WriteCheck) -> bool) {
+        let mut rx = self.count.subscribe();
+        let _ = rx.wait_for(|_| wanted(self)).await;
+    }
+}
+
+/// Two real daemons (the real clients, `leader::lead` driving `control_loop::run`) against
+/// the Consul and Nomad twins over loopback, in real time with a 3 s TTL. Every dispatch,
+/// stop and purge Nomad receives is checked against the lock holder as it arrives. Each
+/// dispatch queues one more job, so the leader writes on every tick.
+#[tokio::test]
+async fn over_http_the_standby_takes_over_from_a_killed_holder_and_never_both_write() {
+    use axum::extract::Request;
+    use axum::middleware::{self, Next};
+    use rand::SeedableRng;
+    use runner_scaler::clients::consul_lock::ConsulLock;
+    use runner_scaler::config::watch::ConfigState;
+    use runner_scaler::control_loop::{Controller, LoopSettings};
+    use runner_scaler::sim::daemon_clients::TwinCredentials;
+    use runner_scaler::sim::twins::TwinServer;
+    use support::twins::{CREDENTIALS, Twins, config};
+
+    const TTL_HTTP: Duration = Duration::from_secs(3);
+    let twins = Twins::start().await;
+    twins.consul.set_session_ttl_min(Duration::from_secs(1));
+    let acme = twins.add_app_repo("acme/api");
+    twins.register_token_parent("ci-runner");
+    twins.github.add_run(&acme, vec![vec!["self-hosted"]; 2]);
+    // Each daemon presents its own token to Nomad and Consul: that is how a write is traced.
+    twins.nomad.set_acl_token(None);
+    for daemon in ["daemon-a", "daemon-b"] {
+        twins.consul.allow_token(daemon);
+    }
+    let check = WriteCheck::default();
+    let nomad_server = TwinServer::start(twins.nomad.router().layer(middleware::from_fn({
+        let check = check.clone();
+        let consul = twins.consul.clone();
+        let github = twins.github.clone();
+        let acme = acme.clone();
+        move |request: Request, next: Next| {
+            let check = check.clone();
+            let consul = consul.clone();
+            let github = github.clone();
+            let acme = acme.clone();
+            async move {
+                let path = request.uri().path().to_string();
+                let method = request.method().clone();
+                let write = (method == axum::http::Method::POST && path.ends_with("/dispatch"))
+                    || method == axum::http::Method::DELETE;
+                if write {
+                    let by = request
+                        .headers()
+                        .get("X-Nomad-Token")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_string();
+                    let holder = consul.lock_holder_token(KEY);
+                    check.landed.lock().unwrap().push(Landed {
+                        by,
+                        at: Instant::now(),
+                        holder,
+                    });
+                    if path.ends_with("/dispatch") {
+                        github.add_run(&acme, vec![vec!["self-hosted"]]);
+                    }
+                    check.count.send_modify(|n| *n += 1);
+                }
+                next.run(request).await
+            }
+        }
+    })))
+    .await
+    .expect("serve the checked Nomad twin");
+    let mut addresses = twins.addresses();
+    addresses.nomad = nomad_server.base_url();
+    let document = config(r#"{ "acme/api": { "mode": "app", "maxConcurrent": 1000 } }"#);
+    let (_config_tx, config_rx) = watch::channel(ConfigState {
+        config: Some(Arc::new(document)),
+        applied_index: Some(1),
+        ..ConfigState::default()
+    });
+    let start = |name: &'static str| {
+        let credentials = TwinCredentials {
+            nomad_token: name,
+            consul_token: name,
+            ..CREDENTIALS
+        };
+        let clients = addresses
+            .clients(&credentials, Duration::from_secs(2))
+            .expect("the daemon's clients");
+        let store: Arc<dyn LockStore> = Arc::new(ConsulLock::new(
+            &clients.consul,
+            Some(SecretString::from(name)),
+        ));
+        let services = clients.services;
+        let config_rx = config_rx.clone();
+        let (state_tx, state) = watch::channel(LeaderState::NoSession);
+        let task = tokio::spawn(leader::lead(
+            store,
+            settings(name, TTL_HTTP),
+            state_tx,
+            std::future::pending(),
+            move |fence: Fence, stop: StopTerm| {
+                let controller = Controller::new(
+                    leader::fenced(&services, &fence),
+                    LoopSettings {
+                        poll_interval: Duration::from_millis(250),
+                        ..LoopSettings::default()
+                    },
+                    Box::new(rand::rngs::StdRng::seed_from_u64(7)),
+                );
+                runner_scaler::control_loop::run(
+                    controller,
+                    config_rx.clone(),
+                    &runner_scaler::clock::SystemClock,
+                    stop.wait(),
+                )
+            },
+        ));
+        Daemon {
+            name: name.to_string(),
+            state,
+            shutdown: None,
+            task,
+        }
+    };
+    let mut a = start("daemon-a");
+    a.leading().await;
+    check.until(|c| c.by("daemon-a") >= 3).await;
+    let mut b = start("daemon-b");
+    b.until(|s| standby_naming(s, "daemon-a")).await;
+    // Killed as it writes: in the middle of a tick.
+    let seen = check.by("daemon-a");
+    check.until(|c| c.by("daemon-a") > seen).await;
+    a.task.abort();
+    let killed = Instant::now();
+    b.leading().await;
+    let took = killed.elapsed();
+    let bound = settings("daemon-b", TTL_HTTP).takeover_bound();
+    assert!(took <= bound, "took {took:?}, bound {bound:?}");
+    check.until(|c| c.by("daemon-b") >= 3).await;
+    assert!(check.violations().is_empty(), "{:?}", check.violations());
+}
