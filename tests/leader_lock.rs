@@ -734,12 +734,13 @@ impl WriteCheck {
     }
 }
 
-/// Two real daemons (the real clients, `leader::lead` driving `control_loop::run`) against
+/// Real daemons (the real clients, `leader::lead` driving `control_loop::run`) against
 /// the Consul and Nomad twins over loopback, in real time with a 3 s TTL. Every dispatch,
 /// stop and purge Nomad receives is checked against the lock holder as it arrives. Each
 /// dispatch queues one more job, so the leader writes on every tick.
 #[tokio::test]
-async fn over_http_the_standby_takes_over_from_a_killed_holder_and_never_both_write() {
+async fn over_http_a_standby_takes_over_from_a_killed_and_from_a_cut_off_holder_and_never_both_write()
+ {
     use axum::extract::Request;
     use axum::middleware::{self, Next};
     use rand::SeedableRng;
@@ -758,7 +759,7 @@ async fn over_http_the_standby_takes_over_from_a_killed_holder_and_never_both_wr
     twins.github.add_run(&acme, vec![vec!["self-hosted"]; 2]);
     // Each daemon presents its own token to Nomad and Consul: that is how a write is traced.
     twins.nomad.set_acl_token(None);
-    for daemon in ["daemon-a", "daemon-b"] {
+    for daemon in ["daemon-a", "daemon-b", "daemon-c"] {
         twins.consul.allow_token(daemon);
     }
     let check = WriteCheck::default();
@@ -869,5 +870,19 @@ async fn over_http_the_standby_takes_over_from_a_killed_holder_and_never_both_wr
     let bound = settings("daemon-b", TTL_HTTP).takeover_bound();
     assert!(took <= bound, "took {took:?}, bound {bound:?}");
     check.until(|c| c.by("daemon-b") >= 3).await;
+
+    // Now B, the holder, is cut off from Consul while it still reaches Nomad: it stops
+    // writing when its fence closes, before C can acquire.
+    let mut c = start("daemon-c");
+    c.until(|s| standby_naming(s, "daemon-b")).await;
+    twins.consul.set_partitioned("daemon-b", true);
+    let cut = Instant::now();
+    c.leading().await;
+    let took = cut.elapsed();
+    assert!(took <= bound, "took {took:?}, bound {bound:?}");
+    assert_ne!(*b.state.borrow(), LeaderState::Leader);
+    let b_writes = check.by("daemon-b");
+    check.until(|c| c.by("daemon-c") >= 3).await;
+    assert_eq!(check.by("daemon-b"), b_writes, "B wrote after C took over");
     assert!(check.violations().is_empty(), "{:?}", check.violations());
 }
