@@ -628,15 +628,12 @@ where
         } else {
             key.index.max(1)
         };
-        if let Some(holder) = &key.session {
+        // Held by our own session only if a release failed: re-acquiring it succeeds.
+        if let Some(holder) = key.session.as_ref().filter(|h| **h != session.id.0) {
             let name = key.value.as_deref().map(Holder::describe);
-            if holder == &session.id.0 {
-                // Ours from an earlier acquire this session (cannot happen after a clean
-                // release); treat as held.
-            } else {
-                state.send_replace(LeaderState::Standby { holder: name });
-                continue;
-            }
+            tracing::debug!(session = %holder, "the leader lock is held: standing by");
+            state.send_replace(LeaderState::Standby { holder: name });
+            continue;
         }
         state.send_replace(LeaderState::Standby { holder: None });
         let acquired = within(
