@@ -289,6 +289,19 @@ pub struct DaemonArgs {
     /// /healthz fails when a bucket whose cap has room has had a job queued this long.
     #[arg(long, env = "RUNNER_SCALER_STUCK_AFTER", default_value = "15m", value_parser = humantime::parse_duration, hide_env_values = true)]
     pub stuck_after: Duration,
+    /// TTL of the leader lock's Consul session (at least 1s here; Consul refuses less than
+    /// its session_ttl_min, 10s by default). A standby takes over within
+    /// 2 × TTL + TTL/3 (the lock delay) + 1s.
+    #[arg(long, env = "RUNNER_SCALER_LOCK_TTL", default_value = "15s", value_parser = humantime::parse_duration, hide_env_values = true)]
+    pub lock_ttl: Duration,
+    /// The Consul KV key of the leader lock.
+    #[arg(
+        long,
+        env = "RUNNER_SCALER_LEADER_KEY",
+        default_value = "runners/leader",
+        hide_env_values = true
+    )]
+    pub leader_key: String,
 }
 
 /// Reads a secret from `VAR`, or from the file `VAR_FILE` names. `Ok(None)` when neither is
@@ -365,6 +378,20 @@ impl DaemonArgs {
             problems
                 .push("--pause-key (RUNNER_SCALER_PAUSE_KEY) must name a Consul key".to_string());
         }
+        if self.lock_ttl < crate::leader::LOCK_TTL_MIN {
+            problems.push(
+                "--lock-ttl (RUNNER_SCALER_LOCK_TTL) must be at least 1s (Consul's own minimum, \
+                 session_ttl_min, is 10s unless lowered)"
+                    .to_string(),
+            );
+        }
+        if self.leader_key.trim().is_empty() || self.leader_key == self.runner_scaler_config_key {
+            problems.push(
+                "--leader-key (RUNNER_SCALER_LEADER_KEY) must name a Consul key other than the \
+                 document's"
+                    .to_string(),
+            );
+        }
         if self.default_job.trim().is_empty() {
             problems.push(
                 "--default-job (RUNNER_SCALER_DEFAULT_JOB) must name a Nomad job".to_string(),
@@ -392,6 +419,24 @@ impl DaemonArgs {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn a_lock_ttl_below_one_second_is_a_bad_setting() {
+        let parse = |ttl: &str| {
+            let cli = Cli::try_parse_from(["runner-scaler", "run", "--lock-ttl", ttl]).unwrap();
+            let Command::Run { daemon: args, .. } = cli.command else {
+                unreachable!()
+            };
+            args.validate()
+        };
+        let refused = parse("500ms").unwrap_err();
+        assert!(
+            refused.contains("--lock-ttl (RUNNER_SCALER_LOCK_TTL)"),
+            "{refused}"
+        );
+        assert!(parse("1s").is_ok());
+        assert!(parse("15s").is_ok());
+    }
 
     #[test]
     fn the_cli_is_well_formed() {

@@ -20,6 +20,7 @@
 //! - [`clients`]: GitHub, Forgejo, Nomad, Consul, Vault; wire types stay inside.
 //! - [`sim`]: twins of every service and the simulated world.
 //! - [`control_loop`]: one tick after another; the only owner of state kept between ticks.
+//! - [`leader`]: the Consul leader lock; only its holder writes, and it fences itself.
 
 pub mod act;
 pub mod cli;
@@ -27,6 +28,7 @@ pub mod clients;
 pub mod clock;
 pub mod config;
 pub mod control_loop;
+pub mod leader;
 pub mod metrics;
 pub mod model;
 pub mod observe;

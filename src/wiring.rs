@@ -16,6 +16,7 @@ use crate::cli::{
     read_secret_file,
 };
 use crate::clients::consul::{ConsulKv, ConsulSettings};
+use crate::clients::consul_lock::ConsulLock;
 use crate::clients::forgejo::Forgejo;
 use crate::clients::github::{AppCredentials, GitHub, GitHubSettings};
 use crate::clients::http::TlsFiles;
@@ -24,10 +25,14 @@ use crate::clients::vault::{VaultKv, VaultSettings};
 use crate::config::ConfigDefaults;
 use crate::config::watch::{DocumentSource, Fetched, WatchSettings};
 use crate::control_loop::{Controller, LoopSettings, Services};
+use crate::leader::{
+    self, Holder, LeaderSettings, LeaderState, LockStore, OneShot, OneShotRefused,
+};
 use crate::model::ErrorClass;
 use crate::observe::PortError;
 use crate::plan::PlanSettings;
 use crate::plan::reap::ReapPolicy;
+use crate::report::live::Role;
 use crate::secrets::SecretSource;
 
 /// Crates whose own logging is noise next to ours (every 404 at ERROR, every request at
@@ -105,6 +110,9 @@ pub struct Built {
     pub consul: ConsulKv,
     /// The operator's pause key (`--pause-key`).
     pub pause_key: ConsulKv,
+    /// The leader lock's Consul calls, and its settings.
+    pub lock: Arc<dyn LockStore>,
+    pub leader: LeaderSettings,
     pub loop_settings: LoopSettings,
     pub defaults: ConfigDefaults,
 }
@@ -134,8 +142,12 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
         client_cert: args.consul_client_cert.clone(),
         client_key: args.consul_client_key.clone(),
     };
+    let consul_token = consul_settings.token.clone();
     let consul = ConsulKv::new(&consul_settings, &args.runner_scaler_config_key)?;
     let pause_key = ConsulKv::new(&consul_settings, &args.pause_key)?;
+    crate::clients::consul::check_key(&args.leader_key)
+        .map_err(|e| format!("--leader-key (RUNNER_SCALER_LEADER_KEY): {e}"))?;
+    let lock: Arc<dyn LockStore> = Arc::new(ConsulLock::new(&consul, consul_token));
     if args.github_app_vault_path.is_some() && args.github_app_private_key_file.is_some() {
         return Err("set GITHUB_APP_PRIVATE_KEY_FILE or GITHUB_APP_VAULT_PATH, not both".into());
     }
@@ -216,6 +228,12 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
         },
         consul,
         pause_key,
+        lock,
+        leader: LeaderSettings {
+            key: args.leader_key.clone(),
+            ttl: args.lock_ttl,
+            holder: Holder::of_this_process(),
+        },
         loop_settings: LoopSettings {
             poll_interval: args.poll_interval,
             plan: PlanSettings {
@@ -269,6 +287,16 @@ async fn wait_for_signal() -> &'static str {
     }
 }
 
+/// The document source of one leadership term: the daemon's one Consul client, shared.
+struct SharedKv(Arc<ConsulKv>);
+
+#[async_trait]
+impl DocumentSource for SharedKv {
+    async fn fetch(&self, index: u64, wait: std::time::Duration) -> Result<Fetched, PortError> {
+        self.0.fetch(index, wait).await
+    }
+}
+
 async fn daemon(args: DaemonArgs, dry_run: bool) -> ExitCode {
     let built = match build(&args).await {
         Ok(built) => built,
@@ -280,7 +308,7 @@ async fn daemon(args: DaemonArgs, dry_run: bool) -> ExitCode {
             Ok(listener) => {
                 // The bound address, not the setting: port 0 picks one.
                 if let Ok(bound) = listener.local_addr() {
-                    info!(listen = %bound, "serving /metrics, /livez and /healthz");
+                    info!(listen = %bound, "serving /metrics, /livez, /healthz and /status");
                 }
                 Some(listener)
             }
@@ -295,10 +323,10 @@ async fn daemon(args: DaemonArgs, dry_run: bool) -> ExitCode {
         let _ = rx.wait_for(|stop| *stop).await;
     };
     let (last_tick_tx, last_tick) = tokio::sync::watch::channel(None);
-    let (_role_tx, role) = tokio::sync::watch::channel(if dry_run {
-        crate::report::live::Role::Shadow
+    let (role_tx, role) = tokio::sync::watch::channel(if dry_run {
+        Role::Shadow
     } else {
-        crate::report::live::Role::Leader
+        Role::Standby { leader: None }
     });
     let server = listener.map(|listener| {
         let endpoints = crate::serve::Endpoints {
@@ -313,52 +341,119 @@ async fn daemon(args: DaemonArgs, dry_run: bool) -> ExitCode {
             stopped(stop_rx.clone()),
         )
     });
-    let (config_rx, watcher) = crate::config::watch::spawn(
-        built.consul,
-        built.defaults,
-        WatchSettings::default(),
-        stopped(stop_rx.clone()),
-    );
-    tokio::spawn(crate::report::record::count_config_rejections(
-        metrics,
-        config_rx.clone(),
-    ));
+    let consul = Arc::new(built.consul);
     let pause_key = built.pause_key.key().to_string();
-    let controller = Controller::new(
-        built.services,
-        built.loop_settings,
-        Box::new(StdRng::from_os_rng()),
-    )
-    .with_pause_key(pause_key, Arc::new(built.pause_key))
-    .with_status_publisher(last_tick_tx);
-    if dry_run {
+    let pause_source: Arc<dyn DocumentSource> = Arc::new(built.pause_key);
+    let services = built.services;
+    let mut rng = StdRng::from_os_rng();
+    // One leadership term (or the whole shadow run): the document watched, ticks run until
+    // `stop`, over `services` (fenced by the term's lease when leading).
+    let mut term =
+        |services: Services, stop: Box<dyn std::future::Future<Output = ()> + Send + Unpin>| {
+            let controller = Controller::new(
+                services,
+                built.loop_settings.clone(),
+                Box::new(StdRng::from_rng(&mut rng)),
+            )
+            .with_pause_key(pause_key.clone(), pause_source.clone())
+            .with_status_publisher(last_tick_tx.clone());
+            let consul = SharedKv(consul.clone());
+            let defaults = built.defaults.clone();
+            let metrics = metrics.clone();
+            async move {
+                let (watch_stop_tx, watch_stop_rx) = tokio::sync::watch::channel(false);
+                let (config_rx, watcher) = crate::config::watch::spawn(
+                    consul,
+                    defaults,
+                    WatchSettings::default(),
+                    async move {
+                        let mut watch_stop_rx = watch_stop_rx;
+                        let _ = watch_stop_rx.wait_for(|stop| *stop).await;
+                    },
+                );
+                tokio::spawn(crate::report::record::count_config_rejections(
+                    metrics,
+                    config_rx.clone(),
+                ));
+                crate::control_loop::run(
+                    controller,
+                    config_rx,
+                    &crate::clock::SystemClock,
+                    dry_run,
+                    stop,
+                )
+                .await;
+                let _ = watch_stop_tx.send(true);
+                let _ = watcher.await;
+            }
+        };
+    let outcome = if dry_run {
         info!(
             poll_interval = %humantime::format_duration(args.poll_interval),
-            "runner-scaler started in shadow mode (--dry-run): it plans and reports, and writes nothing"
+            "runner-scaler started in shadow mode (--dry-run): it plans and reports, writes \
+             nothing and takes no leader lock"
         );
+        term(services, Box::new(Box::pin(shutdown_signal()))).await;
+        Ok(())
     } else {
+        let (leader_tx, leader_rx) = tokio::sync::watch::channel(LeaderState::NoSession);
+        tokio::spawn(follow_leader_state(leader_rx, role_tx, metrics.clone()));
         info!(
             poll_interval = %humantime::format_duration(args.poll_interval),
-            "runner-scaler started"
+            lock_ttl = %humantime::format_duration(built.leader.ttl),
+            leader_key = %built.leader.key,
+            "runner-scaler started: standing by for the leader lock"
         );
-    }
-    crate::control_loop::run(
-        controller,
-        config_rx,
-        &crate::clock::SystemClock,
-        dry_run,
-        async {
-            shutdown_signal().await;
-        },
-    )
-    .await;
+        // Only the lock holder reads the document and ticks; a standby reads the lock key alone.
+        leader::lead(
+            built.lock,
+            built.leader,
+            leader_tx,
+            shutdown_signal(),
+            |fence, stop| {
+                term(
+                    leader::fenced(&services, &fence),
+                    Box::new(Box::pin(stop.wait())),
+                )
+            },
+        )
+        .await
+    };
     let _ = stop_tx.send(true);
-    let _ = watcher.await;
     if let Some(server) = server {
         let _ = server.await;
     }
-    info!("runner-scaler stopped");
-    ExitCode::SUCCESS
+    match outcome {
+        Ok(()) => {
+            info!("runner-scaler stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!("{e}");
+            bad_settings(e)
+        }
+    }
+}
+
+/// Keeps the live status's role and the leader gauges in step with the leader lock.
+async fn follow_leader_state(
+    mut leader: tokio::sync::watch::Receiver<LeaderState>,
+    role: tokio::sync::watch::Sender<Role>,
+    metrics: Arc<crate::metrics::Metrics>,
+) {
+    loop {
+        let state = leader.borrow_and_update().clone();
+        metrics.set_leader(state == LeaderState::Leader);
+        metrics.set_holds_session(state != LeaderState::NoSession);
+        role.send_replace(match state {
+            LeaderState::Leader => Role::Leader,
+            LeaderState::Standby { holder } => Role::Standby { leader: holder },
+            LeaderState::NoSession => Role::Standby { leader: None },
+        });
+        if leader.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// How long `status` waits for the running daemon before showing a dry-run tick instead.
@@ -440,9 +535,28 @@ async fn once(args: DaemonArgs, dry_run: bool, json: bool) -> ExitCode {
             return ExitCode::from(EXIT_INVALID as u8);
         }
     };
+    // Acting needs the leader lock, as the daemon does; looking needs none.
+    let lease = if dry_run {
+        None
+    } else {
+        match OneShot::take(built.lock.clone(), built.leader.clone()).await {
+            Ok(lease) => Some(lease),
+            Err(refused @ OneShotRefused::Settings(_)) => return bad_settings(refused),
+            Err(refused) => {
+                eprintln!(
+                    "runner-scaler once: {refused}; not acting (`once --dry-run` shows what a tick would do)"
+                );
+                return ExitCode::from(EXIT_INVALID as u8);
+            }
+        }
+    };
+    let services = match &lease {
+        Some(lease) => leader::fenced(&built.services, &lease.fence),
+        None => built.services,
+    };
     let pause_key = built.pause_key.key().to_string();
     let mut controller = Controller::new(
-        built.services,
+        services,
         built.loop_settings,
         Box::new(StdRng::from_os_rng()),
     )
@@ -451,6 +565,9 @@ async fn once(args: DaemonArgs, dry_run: bool, json: bool) -> ExitCode {
     let view = controller
         .tick(&config, 0, crate::clock::SystemClock.now(), dry_run)
         .await;
+    if let Some(lease) = lease {
+        lease.give_back().await;
+    }
     if json {
         println!(
             "{}",

@@ -1,4 +1,4 @@
-# The document runner-scaler reads, and the one permission it needs in Consul.
+# The document runner-scaler reads, and the permissions it needs in Consul.
 
 resource "consul_keys" "runner_config" {
   key {
@@ -14,16 +14,24 @@ resource "consul_keys" "runner_config" {
 }
 
 # Read on exactly the document's key and the operator's pause key: not a prefix, not the rest
-# of KV. https://developer.hashicorp.com/consul/docs/security/acl/acl-rules#key-value-rules
+# of KV. Write on exactly the leader lock's key (`?acquire=` and `?release=` are writes), and
+# sessions: the daemon creates its lock session on the local agent's node, whose name is not
+# known here. https://developer.hashicorp.com/consul/docs/security/acl/acl-rules
 resource "consul_acl_policy" "runner_scaler_config" {
   name        = "runner-scaler-config"
-  description = "runner-scaler reads its document and its pause key"
+  description = "runner-scaler reads its document and its pause key, and holds its leader lock"
   rules       = <<-EOT
     key "${var.config_key}" {
       policy = "read"
     }
     key "${var.pause_key}" {
       policy = "read"
+    }
+    key "${var.leader_key}" {
+      policy = "write"
+    }
+    session_prefix "" {
+      policy = "write"
     }
   EOT
 }

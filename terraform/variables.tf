@@ -10,6 +10,12 @@ variable "pause_key" {
   default     = "runners/paused"
 }
 
+variable "leader_key" {
+  description = "Consul KV key of the leader lock (the daemon's RUNNER_SCALER_LEADER_KEY)."
+  type        = string
+  default     = "runners/leader"
+}
+
 variable "config_file" {
   description = "The document written to config_key on first apply; later edits are made in Consul and not reverted (see consul.tf)."
   type        = string

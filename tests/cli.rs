@@ -460,3 +460,72 @@ fn a_listen_address_in_use_exits_64_naming_it() {
         shown(&output)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_refuses_to_act_while_another_daemon_holds_the_leader_lock_naming_it() {
+    use runner_scaler::leader::{Holder, LockStore, SessionRequest};
+    use runner_scaler::sim::twins::consul::TwinLock;
+
+    let twins = Twins::start().await;
+    twins.provision_brief_world();
+    twins
+        .github
+        .add_run(&repo("afreidah/munchbox"), vec![vec!["self-hosted"]]);
+    let key_file = TempFile::with_contents("app-key.pem", TEST_APP_PRIVATE_KEY_PEM);
+    // Another daemon holds the lock.
+    let other = TwinLock {
+        twin: twins.consul.clone(),
+        token: "other-daemon".into(),
+    };
+    let session = other
+        .create_session(&SessionRequest {
+            name: "other".into(),
+            ttl: std::time::Duration::from_secs(60),
+            lock_delay: std::time::Duration::from_secs(5),
+        })
+        .await
+        .expect("a session");
+    let holder = Holder {
+        holder: "node-7 (alloc 0f3c)".into(),
+        pid: 4242,
+    };
+    assert!(
+        other
+            .acquire("runners/leader", &session, &holder.to_value())
+            .await
+            .unwrap()
+    );
+
+    let output = run_against(&twins, &key_file, &["once"]).await;
+    assert_eq!(output.status.code(), Some(1), "{}", shown(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("held by node-7 (alloc 0f3c) pid 4242"),
+        "{stderr}"
+    );
+    assert_eq!(twins.dispatch_requests("ci-runner"), 0, "once acted");
+    assert_eq!(twins.consul.lock_holder("runners/leader"), Some(session.0));
+    assert_eq!(
+        twins.consul.sessions().len(),
+        1,
+        "once left its session behind"
+    );
+
+    // Looking needs no lock.
+    let output = run_against(&twins, &key_file, &["once", "--dry-run"]).await;
+    assert_eq!(output.status.code(), Some(0), "{}", shown(&output));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_ttl_consul_refuses_exits_64_naming_the_setting() {
+    let twins = Twins::start().await;
+    twins.provision_brief_world();
+    let key_file = TempFile::with_contents("app-key.pem", TEST_APP_PRIVATE_KEY_PEM);
+    // The twin keeps Consul's default session_ttl_min of 10s.
+    let output = run_against(&twins, &key_file, &["once", "--lock-ttl", "5s"]).await;
+    assert_eq!(output.status.code(), Some(64), "{}", shown(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("Invalid Session TTL"), "{stderr}");
+    assert!(stderr.contains("session_ttl_min"), "{stderr}");
+    assert!(stderr.contains("--lock-ttl"), "{stderr}");
+}

@@ -620,7 +620,7 @@ fn variable_default(name: &str) -> String {
 }
 
 #[test]
-fn the_consul_policy_reads_exactly_the_document_and_the_pause_key() {
+fn the_consul_policy_reads_the_document_and_the_pause_key_and_writes_only_the_leader_lock() {
     let consul = parse("terraform/consul.tf");
     let policy = labelled(
         &consul,
@@ -630,16 +630,24 @@ fn the_consul_policy_reads_exactly_the_document_and_the_pause_key() {
     // The rules name the keys through the variables the daemon's settings mirror.
     let rules = text(attr(policy.body(), "rules"))
         .replace("${var.config_key}", &variable_default("config_key"))
-        .replace("${var.pause_key}", &variable_default("pause_key"));
+        .replace("${var.pause_key}", &variable_default("pause_key"))
+        .replace("${var.leader_key}", &variable_default("leader_key"));
     let rules = parse_text(&rules, "rules");
 
-    let keys: Vec<&Block> = blocks(&rules, "key");
-    assert_eq!(rules.blocks().count(), keys.len(), "key rules only");
-    let named: BTreeSet<&str> = keys.iter().map(|k| label_text(&k.labels()[0])).collect();
-    assert_eq!(named, BTreeSet::from(["runners/config", "runners/paused"]));
-    for key in keys {
-        assert_eq!(text(attr(key.body(), "policy")), "read");
+    assert_eq!(
+        rules.blocks().count(),
+        4,
+        "the document, the pause key, the lock key, sessions"
+    );
+    for read in ["runners/config", "runners/paused"] {
+        let key = labelled(&rules, "key", &[read]);
+        assert_eq!(text(attr(key.body(), "policy")), "read", "{read}");
     }
+    // The leader lock: `?acquire=`/`?release=` on its key, and a session on the agent's node.
+    let lock = labelled(&rules, "key", &["runners/leader"]);
+    assert_eq!(text(attr(lock.body(), "policy")), "write");
+    let sessions = labelled(&rules, "session_prefix", &[""]);
+    assert_eq!(text(attr(sessions.body(), "policy")), "write");
 }
 
 /// Every image in `nomad/` is pinned to a version or a digest: a moving tag changes the

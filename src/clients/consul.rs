@@ -112,7 +112,7 @@ fn normalise_address(raw: &str) -> Result<String, String> {
 
 /// A key Consul accepts without escaping (API-CONTRACTS gotcha 21: recent Consul validates
 /// keys; no leading `/`, no `..`).
-fn check_key(key: &str) -> Result<(), String> {
+pub(crate) fn check_key(key: &str) -> Result<(), String> {
     let valid = !key.is_empty()
         && !key.starts_with('/')
         && !key.split('/').any(|s| s == "..")
@@ -201,6 +201,16 @@ impl ConsulKv {
 
     pub fn key(&self) -> &str {
         &self.key
+    }
+
+    /// The HTTP client (no redirects followed), for the calls consulrs lacks (sessions).
+    pub(crate) fn http_client(&self) -> reqwest_0_11::Client {
+        self.client.http.http.clone()
+    }
+
+    /// The normalised address, without a trailing slash.
+    pub(crate) fn address(&self) -> &str {
+        &self.address
     }
 
     fn doing(&self) -> String {

@@ -2,6 +2,7 @@
 //! client implements the ports of `observe`, `act` and `secrets` over its real API.
 
 pub mod consul;
+pub mod consul_lock;
 pub mod forgejo;
 pub mod github;
 pub mod http;
