@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use runner_scaler::sim::twins::github::TEST_APP_PRIVATE_KEY_PEM;
 use support::daemon_process::{Daemon, wait_until};
-use support::twins::{CONFIG_KEY, TempFile, Twins};
+use support::twins::{TempFile, Twins};
 
 const BIN: &str = env!("CARGO_BIN_EXE_runner-scaler");
 const PARENT: &str = "ci-runner";
@@ -49,13 +49,7 @@ fn served_at(stderr: &str) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_shows_the_running_daemons_backoff_that_a_dry_run_cannot_know() {
     let twins = Twins::start().await;
-    let repo = twins.add_app_repo(REPO);
-    twins.register_token_parent(PARENT);
-    twins.consul.set(
-        CONFIG_KEY,
-        format!(r#"{{ "{REPO}": {{ "mode": "app", "maxConcurrent": 3 }} }}"#),
-    );
-    twins.github.add_run(&repo, vec![vec!["self-hosted"]]);
+    twins.provision_one_queued_job(REPO, PARENT);
     let key_file = TempFile::with_contents("app-key.pem", TEST_APP_PRIVATE_KEY_PEM);
     let daemon = Daemon::start(&twins, &key_file, &["run", "--poll-interval", "1s"]);
 

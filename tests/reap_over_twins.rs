@@ -16,7 +16,7 @@ use runner_scaler::model::RepoName;
 use runner_scaler::sim::twins::github::{RunnerPresence, TEST_APP_PRIVATE_KEY_PEM};
 use runner_scaler::sim::twins::nomad::TwinJob;
 use support::daemon_process::{Daemon, wait_until};
-use support::twins::{CONFIG_KEY, CONSUL_TOKEN, NOMAD_TOKEN, TempFile, Twins, VAULT_TOKEN};
+use support::twins::{CONSUL_TOKEN, NOMAD_TOKEN, TempFile, Twins, VAULT_TOKEN};
 
 const PARENT: &str = "ci-runner";
 const REPO: &str = "acme/api";
@@ -43,14 +43,7 @@ const DAEMON_ARGS: &[&str] = &[
 
 /// One app repo, its parent, the document in Consul, and one queued job.
 fn provision(twins: &Twins) -> (RepoName, u64) {
-    let repo = twins.add_app_repo(REPO);
-    twins.register_token_parent(PARENT);
-    twins.consul.set(
-        CONFIG_KEY,
-        format!(r#"{{ "{REPO}": {{ "mode": "app", "maxConcurrent": 3 }} }}"#),
-    );
-    let run = twins.github.add_run(&repo, vec![LABELS.to_vec()]);
-    (repo, run.job_ids[0])
+    twins.provision_one_queued_job(REPO, PARENT)
 }
 
 /// Waits for the daemon's one child and returns it with its runner's name.
@@ -131,17 +124,6 @@ fn assert_no_secret_in(stderr: &str, secrets: &[String]) {
             &secret[..4.min(secret.len())]
         );
     }
-}
-
-/// Ticks the daemon has started so far, counted by its listing of the parent's children.
-fn listings_of_children(twins: &Twins) -> usize {
-    let prefix = format!("{PARENT}/dispatch-");
-    twins
-        .nomad
-        .requests()
-        .iter()
-        .filter(|r| r.path == "/v1/jobs" && r.query_param("prefix").as_deref() == Some(&prefix))
-        .count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -243,7 +225,7 @@ async fn a_runner_at_work_is_never_taken_back(at_work: AtWork) {
             assert!(twins.github.set_runner_busy(&repo, &runner, false));
         }
     }
-    let ticks_before = listings_of_children(&twins);
+    let ticks_before = twins.listings_of_children(PARENT);
     let window_start = Instant::now();
 
     // Watch the whole window, failing at the first teardown; it ends once the window has
@@ -255,7 +237,7 @@ async fn a_runner_at_work_is_never_taken_back(at_work: AtWork) {
         if twins.nomad.was_stopped(&child.id) || twins.nomad.was_purged(&child.id) {
             return Some(Err("its child was stopped"));
         }
-        let ticked = listings_of_children(&twins) - ticks_before;
+        let ticked = twins.listings_of_children(PARENT) - ticks_before;
         (window_start.elapsed() >= VETO_WINDOW && ticked >= VETO_TICKS_MIN).then_some(Ok(()))
     })
     .await;
@@ -266,7 +248,7 @@ async fn a_runner_at_work_is_never_taken_back(at_work: AtWork) {
         Some(Err(what)) => panic!("{at_work:?}: {what}; daemon stderr:\n{stderr}"),
         None => panic!(
             "{at_work:?}: the daemon ticked {} times in {:?}; daemon stderr:\n{stderr}",
-            listings_of_children(&twins) - ticks_before,
+            twins.listings_of_children(PARENT) - ticks_before,
             window_start.elapsed()
         ),
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use runner_scaler::sim::twins::github::TEST_APP_PRIVATE_KEY_PEM;
 use serde_json::Value;
 use support::daemon_process::{Daemon, wait_until};
-use support::twins::{CONFIG_KEY, TempFile, Twins};
+use support::twins::{TempFile, Twins};
 
 const PARENT: &str = "ci-runner";
 const REPO: &str = "acme/api";
@@ -18,26 +18,10 @@ const REPO: &str = "acme/api";
 const TICKS: usize = 3;
 const DEADLINE: Duration = Duration::from_secs(15);
 
-fn listings_of_children(twins: &Twins) -> usize {
-    let prefix = format!("{PARENT}/dispatch-");
-    twins
-        .nomad
-        .requests()
-        .iter()
-        .filter(|r| r.path == "/v1/jobs" && r.query_param("prefix").as_deref() == Some(&prefix))
-        .count()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shadow_mode_plans_and_logs_and_writes_nothing() {
     let twins = Twins::start().await;
-    let repo = twins.add_app_repo(REPO);
-    twins.register_token_parent(PARENT);
-    twins.consul.set(
-        CONFIG_KEY,
-        format!(r#"{{ "{REPO}": {{ "mode": "app", "maxConcurrent": 3 }} }}"#),
-    );
-    twins.github.add_run(&repo, vec![vec!["self-hosted"]]);
+    twins.provision_one_queued_job(REPO, PARENT);
     let key_file = TempFile::with_contents("app-key.pem", TEST_APP_PRIVATE_KEY_PEM);
     let daemon = Daemon::start(
         &twins,
@@ -52,7 +36,7 @@ async fn shadow_mode_plans_and_logs_and_writes_nothing() {
         ],
     );
     let ticked = wait_until(DEADLINE, || {
-        (listings_of_children(&twins) > TICKS).then_some(())
+        (twins.listings_of_children(PARENT) > TICKS).then_some(())
     })
     .await;
     let stderr = daemon.stop();

@@ -12,7 +12,7 @@ use runner_scaler::sim::twins::github::TEST_APP_PRIVATE_KEY_PEM;
 use runner_scaler::sim::twins::vault::WRAPPING_TOKEN_INVALID;
 use serde_json::Value;
 use support::daemon_process::{Daemon, wait_until};
-use support::twins::{CONFIG_KEY, NOMAD_TOKEN, TempFile, Twins};
+use support::twins::{NOMAD_TOKEN, TempFile, Twins};
 
 const PARENT: &str = "ci-runner";
 const REPO: &str = "acme/api";
@@ -55,13 +55,7 @@ async fn unwrap(twins: &Twins, token: &str) -> (u16, Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nomad_holds_only_a_single_use_wrapping_token() {
     let twins = Twins::start().await;
-    let repo = twins.add_app_repo(REPO);
-    twins.register_token_parent(PARENT);
-    twins.consul.set(
-        CONFIG_KEY,
-        format!(r#"{{ "{REPO}": {{ "mode": "app", "maxConcurrent": 3 }} }}"#),
-    );
-    twins.github.add_run(&repo, vec![vec!["self-hosted"]]);
+    twins.provision_one_queued_job(REPO, PARENT);
     let key_file = TempFile::with_contents("app-key.pem", TEST_APP_PRIVATE_KEY_PEM);
     let daemon = Daemon::start(&twins, &key_file, &["run", "--poll-interval", "1s"]);
     let child = wait_until(DEADLINE, || twins.our_children(PARENT).into_iter().next()).await;

@@ -256,6 +256,29 @@ impl Twins {
     }
 
     /// Dispatch requests Nomad received for `parent` so far.
+    /// One `app` repo (cap 3) routed to `parent`, its document in Consul, and one queued
+    /// `self-hosted` job: what a daemon started against the twins dispatches for.
+    pub fn provision_one_queued_job(&self, name: &str, parent: &str) -> (RepoName, u64) {
+        let repo = self.add_app_repo(name);
+        self.register_token_parent(parent);
+        self.consul.set(
+            CONFIG_KEY,
+            format!(r#"{{ "{name}": {{ "mode": "app", "maxConcurrent": 3 }} }}"#),
+        );
+        let run = self.github.add_run(&repo, vec![vec!["self-hosted"]]);
+        (repo, run.job_ids[0])
+    }
+
+    /// Ticks a daemon has started so far, counted by its listings of `parent`'s children.
+    pub fn listings_of_children(&self, parent: &str) -> usize {
+        let prefix = format!("{parent}/dispatch-");
+        self.nomad
+            .requests()
+            .iter()
+            .filter(|r| r.path == "/v1/jobs" && r.query_param("prefix").as_deref() == Some(&prefix))
+            .count()
+    }
+
     pub fn dispatch_requests(&self, parent: &str) -> usize {
         let path = format!("/v1/job/{parent}/dispatch");
         self.nomad
