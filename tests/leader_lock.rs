@@ -390,7 +390,7 @@ async fn a_write_sent_just_before_the_fence_closed_lands_before_a_successor_can_
 async fn a_holder_whose_session_expired_stops_at_once_and_stands_by_with_a_new_session() {
     let consul = ConsulTwin::new();
     let nomad = Nomad::new(&consul);
-    let (mut a, b) = two_daemons(&consul, &nomad, TTL, Duration::from_millis(100), 3).await;
+    let (mut a, mut b) = two_daemons(&consul, &nomad, TTL, Duration::from_millis(100), 3).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     let a_session = consul.lock_holder(KEY).expect("A holds the lock");
     // Consul lost A's session (a reaped TTL, an operator): A's next renew gets a 404.
@@ -413,7 +413,11 @@ async fn a_holder_whose_session_expired_stops_at_once_and_stands_by_with_a_new_s
             if leading == 1 {
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            // Woken by the next change of either daemon's state.
+            tokio::select! {
+                _ = a.state.changed() => {}
+                _ = b.state.changed() => {}
+            }
         }
     })
     .await

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -235,28 +235,31 @@ struct Finished {
     stderr: String,
 }
 
-/// Waits for the child to exit, within the deadline; kills it if it does not.
-fn finish(mut child: Child) -> Finished {
-    let started = Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            let output = child.wait_with_output().unwrap();
-            return Finished {
-                status: output.status,
-                stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-                stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-            };
-        }
-        if started.elapsed() > DEADLINE {
-            let _ = child.kill();
-            let output = child.wait_with_output().unwrap();
+/// Waits for the child to exit, within the deadline; kills it if it does not. A thread waits
+/// on the process and hands its output over a channel: the exit is the signal, nothing polls.
+fn finish(child: Child) -> Finished {
+    let pid = child.id() as i32;
+    let (done_tx, done) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done_tx.send(child.wait_with_output());
+    });
+    let output = match done.recv_timeout(DEADLINE) {
+        Ok(output) => output.unwrap(),
+        Err(_) => {
+            // SAFETY: kill(2) on our own child's pid, which the waiting thread has not reaped.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let output = done.recv().unwrap().unwrap();
             panic!(
                 "the entrypoint did not exit within {DEADLINE:?}\nstdout:\n{}\nstderr:\n{}",
                 String::from_utf8_lossy(&output.stdout),
                 String::from_utf8_lossy(&output.stderr)
             );
         }
-        std::thread::sleep(Duration::from_millis(20));
+    };
+    Finished {
+        status: output.status,
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
     }
 }
 
@@ -264,16 +267,30 @@ fn run(mut command: Command) -> Finished {
     finish(command.spawn().expect("bash runs"))
 }
 
-fn wait_for_file(path: &Path) {
-    let started = Instant::now();
-    while !path.exists() {
-        assert!(
-            started.elapsed() < DEADLINE,
-            "{} never appeared",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// Makes `path` a FIFO: the stand-in's `: > path` then blocks until [`wait_for_signal`] reads
+/// it, so the test learns the moment it happened without polling.
+fn make_fifo(path: &Path) {
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path we own.
+    assert_eq!(
+        unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) },
+        0,
+        "mkfifo {}",
+        path.display()
+    );
+}
+
+/// Blocks until the stand-in writes the FIFO at `path`, within the deadline.
+fn wait_for_signal(path: &Path) {
+    let (opened_tx, opened) = std::sync::mpsc::channel();
+    let path_owned = path.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = opened_tx.send(std::fs::read(&path_owned));
+    });
+    opened
+        .recv_timeout(DEADLINE)
+        .unwrap_or_else(|_| panic!("{} was never written", path.display()))
+        .unwrap();
 }
 
 impl Finished {
@@ -673,6 +690,7 @@ fn a_job_arriving_as_the_runner_stops_is_waited_for_and_exits_0() {
 fn sigterm_reaches_the_listener_and_an_unassigned_runner_exits_3() {
     let scratch = Scratch::new("sigterm");
     install_actions_runner(&scratch, Listener::Idle);
+    make_fifo(&scratch.path("record/listening"));
     let child = entrypoint(
         &scratch,
         &[
@@ -682,7 +700,7 @@ fn sigterm_reaches_the_listener_and_an_unassigned_runner_exits_3() {
     )
     .spawn()
     .unwrap();
-    wait_for_file(&scratch.path("record/listening"));
+    wait_for_signal(&scratch.path("record/listening"));
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     let done = finish(child);
