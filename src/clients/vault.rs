@@ -337,22 +337,18 @@ impl crate::act::CredentialWrapper for VaultKv {
         if !status.is_success() {
             // Vault's error bodies name the problem and never echo the request.
             let text = response.text().await.unwrap_or_default();
-            let detail = serde_json::from_str::<Value>(&text)
+            let errors: Vec<String> = serde_json::from_str::<Value>(&text)
                 .ok()
-                .and_then(|v| {
-                    v["errors"].as_array().map(|e| {
-                        e.iter()
-                            .filter_map(Value::as_str)
-                            .take(3)
-                            .map(|m| crate::model::clip_chars(m.trim(), 200))
-                            .collect::<Vec<_>>()
-                            .join("; ")
-                    })
-                })
-                .filter(|d| !d.is_empty())
-                .map(|d| format!(": {d}"))
-                .unwrap_or_default();
-            return Err(status_error(&doing, status.as_u16(), &detail));
+                .and_then(|v| v["errors"].as_array().cloned())
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|e| e.as_str().map(str::to_string))
+                .collect();
+            return Err(status_error(
+                &doing,
+                status.as_u16(),
+                &errors_detail(&errors),
+            ));
         }
         let answer: Value = response.json().await.map_err(|_| {
             PortError::new(
@@ -422,19 +418,7 @@ fn answered_status<T>(read: &Result<T, VaultError>) -> Option<u16> {
 fn vault_error(doing: &str, e: VaultError) -> PortError {
     use rustify::errors::ClientError as Rest;
     match e {
-        VaultError::APIError { code, errors } => {
-            let shown: Vec<String> = errors
-                .iter()
-                .take(3)
-                .map(|m| crate::model::clip_chars(m.trim(), 200))
-                .collect();
-            let detail = if shown.is_empty() {
-                String::new()
-            } else {
-                format!(": {}", shown.join("; "))
-            };
-            status_error(doing, code, &detail)
-        }
+        VaultError::APIError { code, errors } => status_error(doing, code, &errors_detail(&errors)),
         VaultError::RestClientError { source } => match source {
             // A soft-deleted or destroyed version answers 404 with the envelope (and
             // `data.data: null`) instead of `{"errors": [...]}`; only its metadata is read.
@@ -491,6 +475,20 @@ fn vault_error(doing: &str, e: VaultError) -> PortError {
             format!("{doing}: the response is not a KV v2 secret"),
         ),
         _ => PortError::new(ErrorClass::Transient, format!("{doing}: request failed")),
+    }
+}
+
+/// `: first; second; third` from Vault's `errors`, each clipped; empty when there are none.
+fn errors_detail(errors: &[String]) -> String {
+    let shown: Vec<String> = errors
+        .iter()
+        .take(3)
+        .map(|m| crate::model::clip_chars(m.trim(), 200))
+        .collect();
+    if shown.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", shown.join("; "))
     }
 }
 
