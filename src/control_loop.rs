@@ -16,8 +16,10 @@ mod waits;
 
 pub use takeback::{CRASH_BACKOFF_FIRST, CRASH_BACKOFF_MAX, crash_delay};
 
-use crate::act::execute::{ActReport, DispatchOutcome, carry_out};
-use crate::act::{ChildControl, CredentialWrapper, Registrar, Registrars, RunnerRegistry};
+use crate::act::execute::{ActReport, DispatchOutcome, RegistrationsToDelete, carry_out};
+use crate::act::{
+    ChildControl, CredentialWrapper, RegisteredRunners, Registrar, Registrars, RunnerRegistry,
+};
 use crate::config::watch::{ConfigState, DocumentSource, Fetched};
 use crate::config::{Config, Mode};
 use crate::model::{BucketKey, ChildId, ErrorClass, RATE_LIMIT_WAIT_MAX_S, RepoName};
@@ -32,6 +34,9 @@ pub struct Forge {
     /// Runner registrations the daemon may read and delete (GitHub `app` mode); `None` where
     /// it has no such API, so a runner whose allocation runs is never stopped.
     pub runners: Option<Arc<dyn RunnerRegistry>>,
+    /// Runners the daemon registered per dispatch and deletes once their child is purged
+    /// (Forgejo 15 and later).
+    pub registered: Option<Arc<dyn RegisteredRunners>>,
 }
 
 /// Every port the loop uses.
@@ -52,7 +57,7 @@ impl Services {
     pub fn of<G, F, N>(github: Arc<G>, forgejo: Arc<F>, nomad: Arc<N>) -> Services
     where
         G: QueueSource + Registrar + RunnerRegistry + 'static,
-        F: QueueSource + Registrar + 'static,
+        F: QueueSource + Registrar + RegisteredRunners + 'static,
         N: ChildSource + ChildControl + 'static,
     {
         Services {
@@ -60,11 +65,13 @@ impl Services {
                 queue: github.clone(),
                 registrar: github.clone(),
                 runners: Some(github),
+                registered: None,
             }),
             forgejo: Some(Forge {
                 queue: forgejo.clone(),
-                registrar: forgejo,
+                registrar: forgejo.clone(),
                 runners: None,
+                registered: Some(forgejo),
             }),
             children: nomad.clone(),
             control: nomad,
@@ -98,6 +105,10 @@ impl Registrars for Services {
 
     fn wrapper(&self) -> Option<&dyn CredentialWrapper> {
         self.wrapper.as_deref()
+    }
+
+    fn registered_runners(&self, mode: &Mode) -> Option<&dyn RegisteredRunners> {
+        self.forge(mode).and_then(|f| f.registered.as_deref())
     }
 }
 
@@ -340,10 +351,18 @@ impl Controller {
             .take_back
             .judge(&snapshot, &plan, &registrations, now);
         report::log_judgements(&judgements);
-        let stale =
-            self.memory
+        let to_delete = RegistrationsToDelete {
+            stale: self.memory.take_back.stale_registrations(
+                config,
+                &snapshot,
+                &registrations,
+                now,
+            ),
+            of_purged: self
+                .memory
                 .take_back
-                .stale_registrations(config, &snapshot, &registrations, now);
+                .registered_of_purges(config, &snapshot, &plan),
+        };
         for job in &plan.unroutable {
             if self
                 .memory
@@ -355,13 +374,13 @@ impl Controller {
         }
         if dry_run {
             let mut view = TickView::new(&plan, &judgements, None, gaps);
-            self.annotate(&mut view, &plan, &snapshot, now);
+            self.annotate(&mut view, config, &plan, &snapshot, now);
             return view;
         }
         let act = carry_out(
             &plan,
             &judgements,
-            &stale,
+            &to_delete,
             config,
             &self.services,
             self.services.control.as_ref(),
@@ -373,7 +392,7 @@ impl Controller {
         self.memory.take_back.learn_from_reaps(&act.reaps, now);
         report::log_act(&act);
         let mut view = TickView::new(&plan, &judgements, Some(&act), gaps);
-        self.annotate(&mut view, &plan, &snapshot, now);
+        self.annotate(&mut view, config, &plan, &snapshot, now);
         report::log_tick(&view);
         report::record::record_tick(
             &self.settings.metrics,
@@ -393,8 +412,23 @@ impl Controller {
 
     /// Adds to a tick's view what the loop remembers and the plan does not carry, and
     /// publishes it for the live status.
-    fn annotate(&self, view: &mut TickView, plan: &Plan, snapshot: &Snapshot, now: DateTime<Utc>) {
+    fn annotate(
+        &self,
+        view: &mut TickView,
+        config: &Config,
+        plan: &Plan,
+        snapshot: &Snapshot,
+        now: DateTime<Utc>,
+    ) {
         view.at = Some(now);
+        view.weaker_credentials = config
+            .repos
+            .values()
+            .filter_map(|repo| {
+                let registrar = &self.services.forge(&repo.mode)?.registrar;
+                registrar.weaker_credential(repo)
+            })
+            .collect();
         view.paused = self.memory.paused.clone();
         view.foreign_children = snapshot
             .parents

@@ -30,8 +30,8 @@ use tokio::time::Instant;
 use tracing::{error, info, warn};
 
 use crate::act::{
-    ChildControl, Credential, Deregistration, DispatchRequest, Dispatched, Registrar,
-    RunnerIdentity, RunnerRegistry,
+    ChildControl, Credential, Deregistration, DispatchRequest, Dispatched, RegisteredRunners,
+    Registrar, RunnerIdentity, RunnerRegistry,
 };
 use crate::config::RepoConfig;
 use crate::control_loop::{Forge, Services};
@@ -300,6 +300,12 @@ pub fn fenced(services: &Services, fence: &Fence) -> Services {
                     fence: fence.clone(),
                 }) as Arc<dyn RunnerRegistry>
             }),
+            registered: f.registered.as_ref().map(|r| {
+                Arc::new(FencedRegistered {
+                    inner: r.clone(),
+                    fence: fence.clone(),
+                }) as Arc<dyn RegisteredRunners>
+            }),
         })
     };
     Services {
@@ -370,6 +376,10 @@ impl Registrar for FencedRegistrar {
     fn repo_url(&self, repo: &RepoConfig) -> String {
         self.inner.repo_url(repo)
     }
+
+    fn weaker_credential(&self, repo: &RepoConfig) -> Option<String> {
+        self.inner.weaker_credential(repo)
+    }
 }
 
 struct FencedRunners {
@@ -393,6 +403,24 @@ impl RunnerRegistry for FencedRunners {
             repo.repo
         ))?;
         self.inner.delete_runner(repo, runner_id).await
+    }
+}
+
+struct FencedRegistered {
+    inner: Arc<dyn RegisteredRunners>,
+    fence: Fence,
+}
+
+#[async_trait]
+impl RegisteredRunners for FencedRegistered {
+    async fn delete_registered(
+        &self,
+        repo: &RepoConfig,
+        runner_id: u64,
+    ) -> Result<Deregistration, PortError> {
+        self.fence
+            .refusal(format_args!("delete runner {runner_id} of {}", repo.repo))?;
+        self.inner.delete_registered(repo, runner_id).await
     }
 }
 
@@ -892,6 +920,54 @@ mod tests {
         assert!(fence.may_write().is_err());
         valid_until.send_replace(Some(Instant::now() + Duration::from_secs(10)));
         assert!(fence.may_write().is_err(), "a closed fence stays closed");
+    }
+
+    /// Counts the deletions that reach it.
+    #[derive(Default)]
+    struct CountingDeletes(std::sync::atomic::AtomicUsize);
+
+    #[async_trait]
+    impl RegisteredRunners for CountingDeletes {
+        async fn delete_registered(
+            &self,
+            _repo: &RepoConfig,
+            _runner_id: u64,
+        ) -> Result<Deregistration, PortError> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(Deregistration::Deleted)
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deleting_a_registered_forgejo_runner_is_fenced_like_every_write() {
+        let deletes = Arc::new(CountingDeletes::default());
+        let mut services = crate::sim::memory::MemoryWorld::new(chrono::Utc::now()).services();
+        services.forgejo.as_mut().unwrap().registered = Some(deletes.clone());
+        let config = crate::config::parse_document(
+            br#"{ "alex/s3": { "mode": "forgejo", "forgejoUrl": "https://forgejo.example",
+                  "vaultPath": "forgejo/scaler", "labels": ["build"] } }"#,
+            &Default::default(),
+        )
+        .unwrap();
+        let repo = config.repos.values().next().unwrap();
+        let (fence, _valid_until) = Fence::open_until(Instant::now() + Duration::from_secs(10));
+        let ports = fenced(&services, &fence);
+        let registered = ports.forgejo.as_ref().unwrap().registered.as_ref().unwrap();
+
+        assert!(registered.delete_registered(repo, 7).await.is_ok());
+        assert_eq!(deletes.0.load(Ordering::SeqCst), 1);
+        fence.close();
+        let refused = registered.delete_registered(repo, 8).await.unwrap_err();
+        assert!(
+            refused.message.contains("runner 8 of alex/s3"),
+            "{}",
+            refused.message
+        );
+        assert_eq!(
+            deletes.0.load(Ordering::SeqCst),
+            1,
+            "a closed fence let it through"
+        );
     }
 
     #[test]

@@ -59,6 +59,9 @@ fn config_check(file: &str, defaults: &ConfigDefaults) -> ExitCode {
     match parse_document(&bytes, defaults) {
         Ok(config) => {
             println!("ok: {} repos", config.repos.len());
+            for note in runner_scaler::config::credential_notes(&config) {
+                println!("note: {note}");
+            }
             ExitCode::SUCCESS
         }
         Err(problems) => {

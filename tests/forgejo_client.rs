@@ -320,6 +320,63 @@ async fn mint_returns_the_registration_token_sent_with_a_lower_case_token_header
 }
 
 #[tokio::test]
+async fn on_forgejo_15_mint_registers_one_ephemeral_runner_per_runner_and_shows_none_of_it() {
+    let world = World::new().await;
+    world.forgejo.set_version("15.0.0+gitea-1.22.0");
+    let repo = world.repo(&["build"]);
+    let first = support::TestRunner::new("forgejo-build-runner-0123456789ab", &["build"]);
+    let second = support::TestRunner::new("forgejo-build-runner-ba9876543210", &["build"]);
+    let a = world
+        .client
+        .mint(&repo, first.identity())
+        .await
+        .unwrap()
+        .unwrap();
+    let b = world
+        .client
+        .mint(&repo, second.identity())
+        .await
+        .unwrap()
+        .unwrap();
+
+    let registered = world.forgejo.registered_runners();
+    assert_eq!(registered.len(), 2, "one runner per mint");
+    for (minted, runner, name) in [
+        (&a, &registered[0], &first.name),
+        (&b, &registered[1], &second.name),
+    ] {
+        assert_eq!(runner.name, name.to_string());
+        assert!(runner.ephemeral);
+        assert_eq!(minted.runner_id(), Some(runner.id));
+        assert_eq!(
+            minted.plain().expose_secret(),
+            format!("{}:{}", runner.uuid, runner.token)
+        );
+        let shown = format!("{minted:?}");
+        assert!(
+            !shown.contains(&runner.uuid) && !shown.contains(&runner.token),
+            "{shown}"
+        );
+    }
+    let posts: Vec<_> = world
+        .forgejo
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST")
+        .collect();
+    assert_eq!(posts.len(), 2);
+    assert!(
+        posts
+            .iter()
+            .all(|r| r.auth_scheme.as_deref() == Some("token") && r.status == 201)
+    );
+    assert!(
+        world.forgejo.registration_token(REPO).is_none(),
+        "the shared token was created"
+    );
+}
+
+#[tokio::test]
 async fn the_twin_takes_token_or_bearer_but_not_capital_token() {
     let world = World::new().await;
     let url = format!(
@@ -480,6 +537,17 @@ async fn scripted_forgejo(jobs_body: &'static str, token_body: &'static str) -> 
         .route(
             "/api/v1/repos/{owner}/{repo}/actions/runners/registration-token",
             get(move || async move { ([("content-type", "application/json")], token_body) }),
+        )
+        // Forgejo 15 registers a runner per dispatch: the same body, as its 201.
+        .route(
+            "/api/v1/repos/{owner}/{repo}/actions/runners",
+            axum::routing::post(move || async move {
+                (
+                    axum::http::StatusCode::CREATED,
+                    [("content-type", "application/json")],
+                    token_body,
+                )
+            }),
         );
     TwinServer::start(router).await.unwrap()
 }

@@ -1,6 +1,7 @@
 //! Canary: with every log event of every crate captured at TRACE (the `log` crate's records
-//! too), Vault reads, Forgejo job listings and registration-token mints, successful and
-//! failing, leave no secret in the output or in an error message.
+//! too), Vault reads, Forgejo job listings, registration-token mints and ephemeral runners
+//! registered and deleted, successful and failing, leave no secret in the output or in an
+//! error message.
 
 mod support;
 
@@ -9,7 +10,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use runner_scaler::act::Registrar;
+use runner_scaler::act::{Deregistration, RegisteredRunners, Registrar};
 use runner_scaler::clients::forgejo::Forgejo;
 use runner_scaler::clients::http::TlsFiles;
 use runner_scaler::clients::vault::{VaultKv, VaultSettings};
@@ -127,6 +128,34 @@ async fn no_secret_reaches_the_logs_or_an_error_at_trace_level() {
     let registration = forgejo.registration_token(REPO).unwrap();
     assert_eq!(minted.plain().expose_secret(), registration);
 
+    // Forgejo 15: an ephemeral runner registered per mint, its uuid and token the secret,
+    // then deleted.
+    let forgejo15 = ForgejoTwin::new();
+    forgejo15.set_version("15.0.0");
+    forgejo15.add_token(API_TOKEN);
+    forgejo15.add_repo(REPO);
+    let forgejo15_server = forgejo15.serve().await.unwrap();
+    let mut repo15 = repo.clone();
+    repo15.mode = Mode::Forgejo {
+        url: forgejo15_server.base_url().parse().unwrap(),
+        vault_path: "forgejo/scaler".to_string(),
+    };
+    let ephemeral = client
+        .mint(&repo15, support::TestRunner::any().identity())
+        .await
+        .unwrap()
+        .unwrap();
+    let runner = forgejo15.registered_runners().remove(0);
+    tracing::info!(credential = ?ephemeral, "minted");
+    let deleted = client.delete_registered(&repo15, runner.id).await.unwrap();
+    assert_eq!(deleted, Deregistration::Deleted);
+    note(
+        client
+            .delete_registered(&repo15, runner.id)
+            .await
+            .map(|gone| assert_eq!(gone, Deregistration::NotFound)),
+    );
+
     // Failures whose responses or requests are near a secret.
     note(kv.read_field("forgejo/scaler", "missing").await.map(drop));
     note(kv.read_field("deleted", "token").await.map(drop));
@@ -176,6 +205,8 @@ async fn no_secret_reaches_the_logs_or_an_error_at_trace_level() {
         ROTATED_API_TOKEN,
         VAULT_ONLY_VALUE,
         registration.as_str(),
+        runner.uuid.as_str(),
+        runner.token.as_str(),
     ] {
         assert!(!output.contains(secret), "{secret} in the log output");
         for error in &errors {

@@ -11,19 +11,21 @@ use async_trait::async_trait;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::IntoResponse;
 use chrono::{DateTime, Utc};
-use runner_scaler::act::execute::{PurgeOutcome, carry_out};
+use runner_scaler::act::execute::{PurgeOutcome, RegistrationsToDelete, carry_out};
 use runner_scaler::act::{
-    ChildControl, Credential, DispatchRequest, Dispatched, Registrar, RunnerIdentity,
+    ChildControl, Credential, Deregistration, DispatchRequest, Dispatched, RegisteredRunners,
+    Registrar, RunnerIdentity,
 };
 use runner_scaler::clients::github::{GitHub, GitHubSettings};
 use runner_scaler::clients::http::TlsFiles;
 use runner_scaler::clients::nomad::{NomadClient, NomadSettings};
 use runner_scaler::config::watch::ConfigState;
-use runner_scaler::config::{Config, Mode, RepoConfig};
+use runner_scaler::config::{Mode, RepoConfig};
 use runner_scaler::control_loop::{Controller, Forge, LoopSettings, Services};
-use runner_scaler::model::{ChildId, ErrorClass};
+use runner_scaler::model::{ChildId, ErrorClass, RunnerName};
 use runner_scaler::observe::{ChildStatus, PortError, QueueSource, RepoJobs};
 use runner_scaler::plan::Plan;
+use runner_scaler::plan::reap::StaleRegistration;
 use runner_scaler::secrets::{SecretSource, SecretString};
 use runner_scaler::sim::memory::MemoryWorld;
 use runner_scaler::sim::twins::nomad::{NomadTwin, PayloadRule};
@@ -62,12 +64,45 @@ impl ChildControl for ReReadSays {
     }
 }
 
+/// Records the Forgejo runners deleted.
+#[derive(Default)]
+struct DeletedRunners(Mutex<Vec<u64>>);
+
+#[async_trait]
+impl RegisteredRunners for DeletedRunners {
+    async fn delete_registered(
+        &self,
+        _repo: &RepoConfig,
+        runner_id: u64,
+    ) -> Result<Deregistration, PortError> {
+        self.0.lock().unwrap().push(runner_id);
+        Ok(Deregistration::Deleted)
+    }
+}
+
 #[tokio::test]
-async fn a_child_no_longer_dead_when_re_read_is_vetoed_not_purged() {
-    let child = ChildId("ci-runner/dispatch-1764536461-0000002a".into());
+async fn a_child_no_longer_dead_when_re_read_is_vetoed_not_purged_and_keeps_its_runner() {
+    let child = ChildId("forgejo-build-runner/dispatch-1764536461-0000002a".into());
     let plan = Plan {
         purges: vec![child.clone()],
         ..Plan::default()
+    };
+    let config = support::twins::config(
+        r#"{ "alex/s3-orchestrator": { "mode": "forgejo", "forgejoUrl": "https://forgejo.example",
+             "vaultPath": "forgejo/scaler", "labels": ["build"], "defaultJob": "forgejo-build-runner" } }"#,
+    );
+    // The ephemeral runner this child's dispatch registered on Forgejo.
+    let to_delete = RegistrationsToDelete {
+        of_purged: [(
+            child.clone(),
+            StaleRegistration {
+                repo: repo("alex/s3-orchestrator"),
+                runner_id: 41,
+                name: RunnerName("forgejo-build-runner-0123456789ab".into()),
+            },
+        )]
+        .into(),
+        ..Default::default()
     };
     let world = MemoryWorld::new(t0());
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(1);
@@ -87,24 +122,28 @@ async fn a_child_no_longer_dead_when_re_read_is_vetoed_not_purged() {
             status: now,
             purged: Mutex::default(),
         };
-        let report = carry_out(
-            &plan,
-            &[],
-            &[],
-            &Config::default(),
-            &world.services(),
-            &nomad,
-            &mut rng,
-        )
-        .await;
+        let deleted = Arc::new(DeletedRunners::default());
+        let mut services = world.services();
+        if let Some(forgejo) = services.forgejo.as_mut() {
+            forgejo.registered = Some(deleted.clone());
+        }
+        let report = carry_out(&plan, &[], &to_delete, &config, &services, &nomad, &mut rng).await;
         assert_eq!(report.purges, vec![outcome], "re-read says {now:?}");
         let purged = nomad.purged.lock().unwrap().clone();
+        let gone = matches!(now, None | Some(ChildStatus::Dead));
         let expected = if now == Some(ChildStatus::Dead) {
             vec![child.clone()]
         } else {
             vec![]
         };
         assert_eq!(purged, expected, "re-read says {now:?}");
+        // Its runner goes only with it: never while Nomad says it may still run.
+        let expected_deleted: Vec<u64> = if gone { vec![41] } else { vec![] };
+        assert_eq!(
+            *deleted.0.lock().unwrap(),
+            expected_deleted,
+            "re-read says {now:?}"
+        );
     }
 }
 
@@ -273,6 +312,7 @@ async fn a_new_document_retries_a_held_refusal_at_once() {
         queue: queue.clone(),
         registrar: Arc::new(world.clone()),
         runners: None,
+        registered: None,
     });
     let settings = ctl.settings.clone();
     assert!(settings.terminal_retry > settings.poll_interval * 10);
@@ -422,6 +462,7 @@ async fn a_nomad_refusal_of_one_repos_dispatch_holds_that_repo_only() {
             queue: Arc::new(world.clone()),
             registrar: Arc::new(MintsForAppRepos(world.clone())),
             runners: None,
+            registered: None,
         }),
         forgejo: None,
         children: client,

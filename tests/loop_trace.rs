@@ -155,6 +155,7 @@ async fn a_panicking_tick_costs_only_that_tick() {
         }),
         registrar: Arc::new(world.clone()),
         runners: None,
+        registered: None,
     });
     let settings = runner_scaler::control_loop::LoopSettings::default();
     let poll = settings.poll_interval;

@@ -177,6 +177,7 @@ async fn the_loop_holds_a_repo_for_an_hour_at_most_whatever_the_service_asks() {
         queue: queue.clone(),
         registrar: Arc::new(world.clone()),
         runners: None,
+        registered: None,
     });
     let config: Config = app_config(&[("acme/api", 2)]);
     let at = |s: i64| t0() + chrono::Duration::seconds(s);

@@ -1,7 +1,7 @@
 //! Carries out the dispatches and purges of a plan, one after another (GitHub and Nomad both
 //! prefer serialised writes), and reports what reality said.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use rand::RngCore;
@@ -94,11 +94,23 @@ pub enum ReapOutcome {
     Failed { child: ChildId, error: PortError },
 }
 
+/// Registrations the act step deletes this tick.
+#[derive(Debug, Default)]
+pub struct RegistrationsToDelete {
+    /// Offline registrations of our runners that no child of ours runs any more.
+    pub stale: Vec<StaleRegistration>,
+    /// The runner a planned purge's child registered (a Forgejo ephemeral runner): deleted
+    /// once Nomad, re-read, confirmed the child dead and it is purged or already gone, never
+    /// while it might run.
+    pub of_purged: BTreeMap<ChildId, StaleRegistration>,
+}
+
 #[derive(Debug, Default)]
 pub struct ActReport {
     pub dispatches: Vec<DispatchOutcome>,
     pub reaps: Vec<ReapOutcome>,
-    /// Stale registrations and what deleting them said.
+    /// Stale registrations, and the registered runners of purged children, and what deleting
+    /// them said.
     pub deregistrations: Vec<(StaleRegistration, Result<Deregistration, PortError>)>,
     pub purges: Vec<PurgeOutcome>,
 }
@@ -134,7 +146,7 @@ fn random_hex(rng: &mut (dyn RngCore + Send), len: usize) -> String {
 pub async fn carry_out(
     plan: &Plan,
     judgements: &[Judgement],
-    stale: &[StaleRegistration],
+    to_delete: &RegistrationsToDelete,
     config: &Config,
     registrars: &dyn Registrars,
     control: &dyn ChildControl,
@@ -205,12 +217,9 @@ pub async fn carry_out(
         // that cannot be wrapped is not sent plain instead.
         let runner_token = match (&credential, registrars.wrapper()) {
             (None, _) => None,
-            (Some(credential), None) => Some(credential.plain().clone()),
+            (Some(credential), None) => Some(credential.plain()),
             (Some(credential), Some(wrapper)) => {
-                match wrapper
-                    .wrap(credential.wrapped_field(), credential.plain(), WRAP_TTL)
-                    .await
-                {
+                match wrapper.wrap(&credential.wrapped_fields(), WRAP_TTL).await {
                     Ok(token) => Some(token),
                     Err(error) => {
                         failed_repos.insert(bucket.repo.clone());
@@ -276,7 +285,7 @@ pub async fn carry_out(
         }
     }
 
-    for registration in stale {
+    for registration in &to_delete.stale {
         let Some(repo) = config.repos.get(&registration.repo) else {
             continue;
         };
@@ -296,9 +305,28 @@ pub async fn carry_out(
     }
 
     for child in &plan.purges {
-        report
-            .purges
-            .push(purge_if_still_dead(control, child).await);
+        let purge = purge_if_still_dead(control, child).await;
+        let child_is_gone = matches!(purge, PurgeOutcome::Purged(_) | PurgeOutcome::Gone(_));
+        report.purges.push(purge);
+        let Some(registration) = to_delete.of_purged.get(child).filter(|_| child_is_gone) else {
+            continue;
+        };
+        let Some(repo) = config.repos.get(&registration.repo) else {
+            continue;
+        };
+        let Some(runners) = registrars.registered_runners(&repo.mode) else {
+            continue;
+        };
+        let answer = runners
+            .delete_registered(repo, registration.runner_id)
+            .await
+            .map_err(|e| {
+                e.context(format!(
+                    "delete runner {} of {}, registered for {child}",
+                    registration.name, registration.repo
+                ))
+            });
+        report.deregistrations.push((registration.clone(), answer));
     }
     report
 }

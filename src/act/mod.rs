@@ -4,7 +4,7 @@
 //! re-read is an [`Outcome`] to report, not an error that stops the tick.
 
 use async_trait::async_trait;
-use secrecy::SecretString;
+use secrecy::{ExposeSecret, SecretString};
 
 use crate::config::{Mode, RepoConfig};
 use crate::model::{ChildId, LabelSet, RunnerName};
@@ -23,6 +23,14 @@ pub enum Credential {
         encoded: SecretString,
         runner_id: u64,
     },
+    /// A Forgejo (15 and later) ephemeral runner the daemon registered for this one runner:
+    /// its uuid and token are its whole identity, good for one job. Forgejo made it, so its
+    /// id is known before the runner boots, and it is deleted once its child is purged.
+    EphemeralRunner {
+        uuid: SecretString,
+        token: SecretString,
+        runner_id: u64,
+    },
 }
 
 impl std::fmt::Debug for Credential {
@@ -35,6 +43,10 @@ impl std::fmt::Debug for Credential {
                     "JitConfig {{ runner_id: {runner_id}, encoded: [REDACTED] }}"
                 )
             }
+            Credential::EphemeralRunner { runner_id, .. } => write!(
+                f,
+                "EphemeralRunner {{ runner_id: {runner_id}, uuid: [REDACTED], token: [REDACTED] }}"
+            ),
         }
     }
 }
@@ -44,24 +56,36 @@ impl Credential {
     pub fn runner_id(&self) -> Option<u64> {
         match self {
             Credential::RegistrationToken(_) => None,
-            Credential::JitConfig { runner_id, .. } => Some(*runner_id),
+            Credential::JitConfig { runner_id, .. }
+            | Credential::EphemeralRunner { runner_id, .. } => Some(*runner_id),
         }
     }
 
-    /// The value as the runner takes it when it travels unwrapped.
-    pub fn plain(&self) -> &SecretString {
+    /// The value as the runner takes it when it travels unwrapped (`<uuid>:<token>` for a
+    /// Forgejo ephemeral runner, as `nomad/runner/entrypoint.sh` reads it).
+    pub fn plain(&self) -> SecretString {
         match self {
-            Credential::RegistrationToken(token) => token,
-            Credential::JitConfig { encoded, .. } => encoded,
+            Credential::RegistrationToken(token) => token.clone(),
+            Credential::JitConfig { encoded, .. } => encoded.clone(),
+            Credential::EphemeralRunner { uuid, token, .. } => SecretString::from(format!(
+                "{}:{}",
+                uuid.expose_secret(),
+                token.expose_secret()
+            )),
         }
     }
 
-    /// The one field the runner's entrypoint finds in the unwrapped object
-    /// (`nomad/runner/entrypoint.sh`).
-    pub fn wrapped_field(&self) -> &'static str {
+    /// The fields the runner's entrypoint finds in the unwrapped object
+    /// (`nomad/runner/entrypoint.sh`): exactly one of `{jitconfig}`, `{registration_token}`
+    /// or `{runner_uuid, runner_token}`.
+    pub fn wrapped_fields(&self) -> Vec<(&'static str, SecretString)> {
         match self {
-            Credential::RegistrationToken(_) => "registration_token",
-            Credential::JitConfig { .. } => "jitconfig",
+            Credential::RegistrationToken(token) => vec![("registration_token", token.clone())],
+            Credential::JitConfig { encoded, .. } => vec![("jitconfig", encoded.clone())],
+            Credential::EphemeralRunner { uuid, token, .. } => vec![
+                ("runner_uuid", uuid.clone()),
+                ("runner_token", token.clone()),
+            ],
         }
     }
 
@@ -70,6 +94,7 @@ impl Credential {
         match self {
             Credential::RegistrationToken(_) => "registration token",
             Credential::JitConfig { .. } => "JIT config",
+            Credential::EphemeralRunner { .. } => "ephemeral runner",
         }
     }
 }
@@ -95,6 +120,12 @@ pub trait Registrar: Send + Sync {
 
     /// The web URL a runner registers against (`https://github.com/owner/repo`).
     fn repo_url(&self, repo: &RepoConfig) -> String;
+
+    /// Why `repo`'s runners get a credential weaker than one bound to a single runner, as far
+    /// as this registrar already knows without asking anyone; `None` when they do not.
+    fn weaker_credential(&self, _repo: &RepoConfig) -> Option<String> {
+        None
+    }
 }
 
 /// Wraps credentials with Vault response wrapping (`POST sys/wrapping/wrap`), so that what
@@ -102,11 +133,10 @@ pub trait Registrar: Send + Sync {
 /// Implemented by the Vault client.
 #[async_trait]
 pub trait CredentialWrapper: Send + Sync {
-    /// A wrapping token for the object `{field: value}`, unwrappable once within `ttl`.
+    /// A wrapping token for the object of `fields`, unwrappable once within `ttl`.
     async fn wrap(
         &self,
-        field: &str,
-        value: &SecretString,
+        fields: &[(&'static str, SecretString)],
         ttl: std::time::Duration,
     ) -> Result<SecretString, PortError>;
 }
@@ -118,6 +148,12 @@ pub trait Registrars: Sync {
 
     /// The runner registrations of `mode`'s repos; `None` where the daemon has no such API.
     fn runners_for(&self, mode: &Mode) -> Option<&dyn RunnerRegistry>;
+
+    /// Where the runner a dispatch registered (a Forgejo ephemeral runner) is deleted once
+    /// its child is purged; `None` where the daemon registers no runner per dispatch.
+    fn registered_runners(&self, _mode: &Mode) -> Option<&dyn RegisteredRunners> {
+        None
+    }
 
     /// Where credentials are wrapped before they go into dispatch meta; `None` without Vault.
     fn wrapper(&self) -> Option<&dyn CredentialWrapper> {
@@ -191,6 +227,19 @@ pub trait RunnerRegistry: Send + Sync {
 
     /// Deletes one registration (`DELETE …/actions/runners/<id>`).
     async fn delete_runner(
+        &self,
+        repo: &RepoConfig,
+        runner_id: u64,
+    ) -> Result<Deregistration, PortError>;
+}
+
+/// Runners the daemon registered itself, one per dispatch (Forgejo 15 and later), deleted
+/// once their child is purged so an instance does not fill with offline runners.
+/// Implemented by the Forgejo client.
+#[async_trait]
+pub trait RegisteredRunners: Send + Sync {
+    /// Deletes runner `runner_id` of `repo` (`DELETE …/actions/runners/<id>`).
+    async fn delete_registered(
         &self,
         repo: &RepoConfig,
         runner_id: u64,

@@ -1,5 +1,8 @@
-//! Forgejo Actions: the runner-job search (queue) and runner registration tokens, for repos in
-//! `forgejo` mode.
+//! Forgejo Actions: the runner-job search (queue) and runner credentials, for repos in
+//! `forgejo` mode. From Forgejo 15 every dispatch gets an ephemeral runner of its own
+//! (`POST …/actions/runners`), deleted once its child is purged; older instances only have
+//! the repo's standing registration token, which every runner of the repo shares and which
+//! does not expire: weaker, and said so by `config check` and `status`.
 //!
 //! The API token of a repo is read from Vault (field `token` at the repo's `vaultPath`) and
 //! sent as `Authorization: token <t>` only: Forgejo accepts the lower-case `token` scheme
@@ -10,13 +13,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use tokio::time::Instant;
 use url::Url;
 
-use crate::act::{Credential, Registrar, RunnerIdentity};
+use crate::act::{Credential, Deregistration, RegisteredRunners, Registrar, RunnerIdentity};
 use crate::clients::http::{
     TlsFiles, build_client, class_of_status, redirect_refused, transport_error,
 };
@@ -35,6 +38,11 @@ pub const API_TOKEN_CACHE_TTL: Duration = Duration::from_secs(5 * 60);
 /// The first Forgejo major version with the runner-job search
 /// (`GET /repos/{owner}/{repo}/actions/runners/jobs`, Forgejo PR #6300, v11.0.0).
 pub const JOB_SEARCH_MAJOR_MIN: u64 = 11;
+
+/// The first Forgejo major version that registers a runner through the API
+/// (`POST /repos/{owner}/{repo}/actions/runners`, `ephemeral: true` → `{id, uuid, token}`)
+/// and deletes one (`DELETE …/actions/runners/{id}`).
+pub const EPHEMERAL_RUNNER_MAJOR_MIN: u64 = 15;
 
 struct CachedToken {
     token: SecretString,
@@ -107,6 +115,13 @@ struct WireVersion {
 
 #[derive(Deserialize)]
 struct WireRegistrationToken {
+    token: String,
+}
+
+#[derive(Deserialize)]
+struct WireRegisteredRunner {
+    id: u64,
+    uuid: String,
     token: String,
 }
 
@@ -196,8 +211,7 @@ impl Forgejo {
         Ok((token, false))
     }
 
-    /// GETs `path` under the instance's `/api/v1` with the repo's token. A 401 on a cached
-    /// token drops it and retries once with a token read fresh from Vault.
+    /// GETs `path` under the instance's `/api/v1` with the repo's token.
     async fn get(
         &self,
         call: &Call<'_>,
@@ -205,15 +219,52 @@ impl Forgejo {
         query: &[(&str, String)],
         doing: &str,
     ) -> Result<Vec<u8>, PortError> {
+        self.send(call, Method::GET, path, query, None, doing)
+            .await
+            .map(|(_, body)| body)
+    }
+
+    /// [`Self::answer`], with any status but a success turned into an error.
+    async fn send(
+        &self,
+        call: &Call<'_>,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        json: Option<&serde_json::Value>,
+        doing: &str,
+    ) -> Result<(StatusCode, Vec<u8>), PortError> {
+        let (status, body, token) = self.answer(call, method, path, query, json, doing).await?;
+        if !status.is_success() {
+            return Err(status_error(doing, status, &body, &token));
+        }
+        Ok((status, body))
+    }
+
+    /// Sends one request to `path` under the instance's `/api/v1` with the repo's token and
+    /// answers the status, the body and the token it went with. A 401 on a cached token drops
+    /// it and retries once with a token read fresh from Vault.
+    async fn answer(
+        &self,
+        call: &Call<'_>,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        json: Option<&serde_json::Value>,
+        doing: &str,
+    ) -> Result<(StatusCode, Vec<u8>, SecretString), PortError> {
         let (mut token, mut cached) = self.api_token(call).await?;
         loop {
             let url = format!("{}/api/v1/{path}", call.base);
-            let mut request = self.http.get(&url).header(
+            let mut request = self.http.request(method.clone(), &url).header(
                 reqwest::header::AUTHORIZATION,
                 format!("token {}", token.expose_secret()),
             );
             if !query.is_empty() {
                 request = request.query(query);
+            }
+            if let Some(json) = json {
+                request = request.json(json);
             }
             let response = request
                 .header(reqwest::header::ACCEPT, "application/json")
@@ -238,17 +289,14 @@ impl Forgejo {
                 .bytes()
                 .await
                 .map_err(|e| transport_error("Forgejo", doing, &e))?;
-            if !status.is_success() {
-                return Err(status_error(doing, status, &body, &token));
-            }
-            return Ok(body.to_vec());
+            return Ok((status, body.to_vec(), token));
         }
     }
 
-    /// Checks once per instance that it has the runner-job search.
-    async fn ensure_version(&self, call: &Call<'_>) -> Result<(), PortError> {
-        if self.versions().contains_key(&call.base) {
-            return Ok(());
+    /// Checks once per instance that it has the runner-job search, and answers its version.
+    async fn ensure_version(&self, call: &Call<'_>) -> Result<ForgejoVersion, PortError> {
+        if let Some(version) = self.versions().get(&call.base) {
+            return Ok(version.clone());
         }
         let doing = call.doing("read the Forgejo version");
         let body = self.get(call, "version", &[], &doing).await?;
@@ -269,8 +317,64 @@ impl Forgejo {
                 ),
             ));
         }
-        self.versions().insert(call.base.clone(), version);
-        Ok(())
+        self.versions().insert(call.base.clone(), version.clone());
+        Ok(version)
+    }
+
+    /// Whether `repo`'s instance registers runners one by one (Forgejo 15 and later), after
+    /// reading its version if this client has not yet. `config check` and `status` say when
+    /// it does not.
+    pub async fn registers_ephemeral_runners(&self, repo: &RepoConfig) -> Result<bool, PortError> {
+        let call = self.call(repo)?;
+        Ok(self.ensure_version(&call).await?.major >= EPHEMERAL_RUNNER_MAJOR_MIN)
+    }
+
+    /// Forgejo 15: registers one ephemeral runner for `runner` and answers its id, uuid and
+    /// token. Forgejo takes no labels here: the runner declares them when it connects.
+    async fn register_ephemeral(
+        &self,
+        call: &Call<'_>,
+        runner: RunnerIdentity<'_>,
+    ) -> Result<Credential, PortError> {
+        let repo = call.repo;
+        let doing = call.doing(&format!("register ephemeral runner {}", runner.name));
+        let path = format!(
+            "repos/{}/{}/actions/runners",
+            repo.repo.owner(),
+            repo.repo.name()
+        );
+        let options = serde_json::json!({
+            "name": runner.name.to_string(),
+            "description": format!("runner-scaler, labels {}", runner.labels.to_meta()),
+            "ephemeral": true,
+        });
+        let (status, body) = self
+            .send(call, Method::POST, &path, &[], Some(&options), &doing)
+            .await?;
+        if status != StatusCode::CREATED {
+            return Err(PortError::new(
+                ErrorClass::Malformed,
+                format!("{doing}: {status}, not 201 Created"),
+            ));
+        }
+        // The body holds the runner's secret: say only what shape was expected.
+        let wire: WireRegisteredRunner = serde_json::from_slice(&body).map_err(|_| {
+            PortError::new(
+                ErrorClass::Malformed,
+                format!("{doing}: the response is not {{\"id\": int, \"uuid\": string, \"token\": string}}"),
+            )
+        })?;
+        if wire.uuid.trim().is_empty() || wire.token.trim().is_empty() {
+            return Err(PortError::new(
+                ErrorClass::Malformed,
+                format!("{doing}: the uuid or the token is empty"),
+            ));
+        }
+        Ok(Credential::EphemeralRunner {
+            uuid: SecretString::from(wire.uuid),
+            token: SecretString::from(wire.token),
+            runner_id: wire.id,
+        })
     }
 }
 
@@ -338,9 +442,12 @@ impl Registrar for Forgejo {
     async fn mint(
         &self,
         repo: &RepoConfig,
-        _runner: RunnerIdentity<'_>,
+        runner: RunnerIdentity<'_>,
     ) -> Result<Option<Credential>, PortError> {
         let call = self.call(repo)?;
+        if self.ensure_version(&call).await?.major >= EPHEMERAL_RUNNER_MAJOR_MIN {
+            return self.register_ephemeral(&call, runner).await.map(Some);
+        }
         let doing = call.doing("get a runner registration token");
         let path = format!(
             "repos/{}/{}/actions/runners/registration-token",
@@ -367,6 +474,18 @@ impl Registrar for Forgejo {
         ))))
     }
 
+    /// Known once the instance's version was read (the first tick).
+    fn weaker_credential(&self, repo: &RepoConfig) -> Option<String> {
+        let call = self.call(repo).ok()?;
+        let version = self.versions().get(&call.base).cloned()?;
+        (version.major < EPHEMERAL_RUNNER_MAJOR_MIN).then(|| {
+            format!(
+                "{}: the Forgejo at {} runs {:?}, which registers no runner per dispatch: every runner gets the repo's shared registration token, which does not expire and registers any number of runners (Forgejo {EPHEMERAL_RUNNER_MAJOR_MIN} and later register one ephemeral runner each)",
+                repo.repo, call.shown_base, version.raw
+            )
+        })
+    }
+
     /// `<forgejoUrl>/<owner>/<repo>`; empty for a repo not in forgejo mode, which this client
     /// never serves.
     fn repo_url(&self, repo: &RepoConfig) -> String {
@@ -378,6 +497,32 @@ impl Registrar for Forgejo {
                 repo.repo.name()
             ),
             _ => String::new(),
+        }
+    }
+}
+
+#[async_trait]
+impl RegisteredRunners for Forgejo {
+    async fn delete_registered(
+        &self,
+        repo: &RepoConfig,
+        runner_id: u64,
+    ) -> Result<Deregistration, PortError> {
+        let call = self.call(repo)?;
+        let doing = call.doing(&format!("delete runner {runner_id}"));
+        let path = format!(
+            "repos/{}/{}/actions/runners/{runner_id}",
+            repo.repo.owner(),
+            repo.repo.name()
+        );
+        let (status, body, token) = self
+            .answer(&call, Method::DELETE, &path, &[], None, &doing)
+            .await?;
+        match status {
+            s if s.is_success() => Ok(Deregistration::Deleted),
+            // Forgejo deleted it itself, or an operator did: either way it is gone.
+            StatusCode::NOT_FOUND => Ok(Deregistration::NotFound),
+            _ => Err(status_error(&doing, status, &body, &token)),
         }
     }
 }

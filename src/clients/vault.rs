@@ -293,8 +293,7 @@ impl VaultKv {
 impl crate::act::CredentialWrapper for VaultKv {
     async fn wrap(
         &self,
-        field: &str,
-        value: &SecretString,
+        fields: &[(&'static str, SecretString)],
         ttl: std::time::Duration,
     ) -> Result<SecretString, PortError> {
         let doing = format!("wrap a runner credential in Vault at {}", self.origin);
@@ -310,11 +309,15 @@ impl crate::act::CredentialWrapper for VaultKv {
                 )
             })?;
         token.set_sensitive(true);
-        let mut body = Map::new();
-        body.insert(
-            field.to_string(),
-            Value::String(value.expose_secret().to_string()),
-        );
+        let body: Map<String, Value> = fields
+            .iter()
+            .map(|(field, value)| {
+                (
+                    field.to_string(),
+                    Value::String(value.expose_secret().to_string()),
+                )
+            })
+            .collect();
         let mut request = self
             .http
             .post(url)

@@ -127,6 +127,27 @@ pub enum CredentialKind {
     Registration,
 }
 
+/// What a valid document alone says about the credentials its runners will get, where one is
+/// weaker than a credential bound to a single runner: `config check` prints these beside
+/// `ok`. The live `status` says which a Forgejo instance actually does.
+pub fn credential_notes(config: &Config) -> Vec<String> {
+    config
+        .repos
+        .values()
+        .filter_map(|repo| match (&repo.mode, &repo.credential) {
+            (Mode::Forgejo { .. }, _) => Some(format!(
+                "{} (forgejo): on Forgejo 15 and later each runner is registered on its own, ephemeral, for one job; before 15 every runner gets the repo's shared registration token, which does not expire and registers any number of runners: weaker (`runner-scaler status` says which this instance does)",
+                repo.repo
+            )),
+            (Mode::App, CredentialKind::Registration) => Some(format!(
+                "{} (app): credential \"registration\": every runner gets a registration token good for any number of runners for an hour: weaker than the default \"jit\", whose config is single-use and bound to one runner",
+                repo.repo
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The runner group every repository has (`Default`).
 pub const DEFAULT_RUNNER_GROUP_ID: u64 = 1;
 

@@ -458,7 +458,41 @@ impl TakeBackMemory {
         stale
     }
 
-    /// The registration ids of the JIT runners just dispatched.
+    /// The runners that the children about to be purged registered on a Forgejo (ephemeral
+    /// runners, one per dispatch): deleted by the act step once each child is confirmed gone.
+    /// Only ids learnt at dispatch: after a restart the daemon does not know them.
+    pub fn registered_of_purges(
+        &self,
+        config: &Config,
+        snapshot: &Snapshot,
+        plan: &Plan,
+    ) -> BTreeMap<ChildId, StaleRegistration> {
+        let purged: BTreeSet<&ChildId> = plan.purges.iter().collect();
+        snapshot
+            .our_children()
+            .filter(|c| purged.contains(&c.child.id))
+            .filter_map(|c| {
+                let repo = c.repo?;
+                let forgejo = config
+                    .repos
+                    .get(&repo)
+                    .is_some_and(|r| matches!(r.mode, Mode::Forgejo { .. }));
+                let name = c.child.runner_name.as_ref().filter(|_| forgejo)?;
+                let runner_id = *self.jit_ids.get(name)?;
+                Some((
+                    c.child.id.clone(),
+                    StaleRegistration {
+                        repo,
+                        runner_id,
+                        name: name.clone(),
+                    },
+                ))
+            })
+            .collect()
+    }
+
+    /// The registration ids of the runners just dispatched with a credential bound to one
+    /// runner (GitHub JIT configs, Forgejo ephemeral runners).
     pub fn learn_jit_ids(&mut self, dispatches: &[crate::act::execute::DispatchOutcome]) {
         for d in dispatches {
             if let crate::act::execute::DispatchOutcome::Dispatched {

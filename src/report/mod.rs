@@ -145,6 +145,9 @@ pub struct TickView {
     /// Children of the parents we list that are not ours (dispatched by hand): shown, never
     /// counted or touched.
     pub foreign_children: u32,
+    /// Repos whose runners get a weaker credential than one bound to a single runner, and why
+    /// (a Forgejo before 15 hands every runner the repo's standing registration token).
+    pub weaker_credentials: Vec<String>,
 }
 
 impl TickView {
@@ -214,6 +217,7 @@ impl TickView {
             at: None,
             paused: None,
             foreign_children: 0,
+            weaker_credentials: Vec::new(),
         }
     }
 
@@ -226,6 +230,9 @@ impl TickView {
         }
         if let Some(why) = &self.paused {
             let _ = writeln!(out, "paused: {why}");
+        }
+        for weaker in &self.weaker_credentials {
+            let _ = writeln!(out, "weaker credential: {weaker}");
         }
         let _ = writeln!(
             out,

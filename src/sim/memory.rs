@@ -523,6 +523,7 @@ impl MemoryWorld {
             queue: Arc::new(self.clone()),
             registrar: Arc::new(self.clone()),
             runners: Some(Arc::new(self.clone()) as Arc<dyn RunnerRegistry>),
+            registered: None,
         };
         crate::control_loop::Services {
             github: Some(forge()),

@@ -197,6 +197,8 @@ impl SimTwins {
         let io = |e: std::io::Error| format!("start a twin on loopback: {e}");
         let github = GitHubTwin::new();
         let forgejo = ForgejoTwin::new();
+        // A Forgejo that registers one ephemeral runner per dispatch, deleted after its child.
+        forgejo.set_version("15.0.0+gitea-1.22.0");
         let nomad = NomadTwin::with_seed(1);
         let consul = ConsulTwin::with_token(CONSUL_TOKEN);
         let vault = VaultTwin::new();

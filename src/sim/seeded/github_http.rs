@@ -1670,7 +1670,7 @@ mod tests {
                 .await
                 .expect("minted")
                 .expect("a config");
-            assert!(secrecy::ExposeSecret::expose_secret(minted.plain()).starts_with(CANARY));
+            assert!(secrecy::ExposeSecret::expose_secret(&minted.plain()).starts_with(CANARY));
             let id = minted.runner_id().expect("a JIT config names its runner");
             let registered = lock(&shared).world.registrations_of(&app.repo);
             assert_eq!(registered, vec![(id, name.clone(), false, false)]);

@@ -23,7 +23,7 @@ use crate::act::{
     ChildControl, Credential, DispatchRequest, Dispatched, Registrar, RunnerIdentity,
 };
 use crate::config::{Config, Mode, RepoConfig};
-use crate::control_loop::Services;
+use crate::control_loop::{Forge, Services};
 use crate::model::{ChildId, ErrorClass, RepoName};
 use crate::observe::{
     Child, ChildSource, ChildStatus, ForgeJob, JobState, PortError, QueueSource, RepoJobs,
@@ -629,5 +629,23 @@ pub fn services_with(shared: &Shared, conditional_requests: bool) -> Services {
     let github = Arc::new(GitHubForge::new(shared, conditional_requests));
     let forgejo = Arc::new(ForgejoPort(shared.clone()));
     let nomad = Arc::new(NomadPort(shared.clone()));
-    Services::of(github, forgejo, nomad)
+    Services {
+        github: Some(Forge {
+            queue: github.clone(),
+            registrar: github.clone(),
+            runners: Some(github),
+            registered: None,
+        }),
+        // The seeded Forgejo is an instance before 15: it hands out the shared registration
+        // token and registers no runner per dispatch, so there is nothing to delete.
+        forgejo: Some(Forge {
+            queue: forgejo.clone(),
+            registrar: forgejo,
+            runners: None,
+            registered: None,
+        }),
+        children: nomad.clone(),
+        control: nomad,
+        wrapper: None,
+    }
 }

@@ -1,5 +1,6 @@
-//! Twin of the Forgejo API the daemon uses: the version, the repo runner-job search and the
-//! repo registration token.
+//! Twin of the Forgejo API the daemon uses: the version, the repo runner-job search, the
+//! repo registration token and, from Forgejo 15, repo runners registered one by one
+//! (`POST …/actions/runners` → 201 `{id, uuid, token}`, `DELETE …/actions/runners/{id}` → 204).
 //!
 //! Behaviour follows Forgejo v11.0.0 (API-CONTRACTS §5): the job search returns a bare array
 //! of the repo's `waiting` and `running` jobs whose every `runs_on` label is among the
@@ -15,7 +16,7 @@ use axum::Router;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{delete, get, post};
 use rand::Rng;
 use rand::distr::Alphanumeric;
 use serde_json::{Value, json};
@@ -84,8 +85,21 @@ struct TwinRepo {
     registration_token: Option<String>,
 }
 
+/// A runner registered through `POST …/actions/runners` (Forgejo 15 and later).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegisteredRunner {
+    pub id: u64,
+    pub repo: String,
+    pub name: String,
+    pub uuid: String,
+    pub token: String,
+    pub ephemeral: bool,
+}
+
 struct ForgejoState {
     version: String,
+    runners: BTreeMap<u64, RegisteredRunner>,
+    next_runner_id: u64,
     tokens: HashMap<String, TokenAccess>,
     repos: BTreeMap<String, TwinRepo>,
     owners: BTreeMap<String, u64>,
@@ -100,6 +114,8 @@ impl Default for ForgejoState {
     fn default() -> Self {
         ForgejoState {
             version: "11.0.0+gitea-1.22.0".to_string(),
+            runners: BTreeMap::new(),
+            next_runner_id: 1,
             tokens: HashMap::new(),
             repos: BTreeMap::new(),
             owners: BTreeMap::new(),
@@ -163,6 +179,14 @@ impl ForgejoTwin {
             .route(
                 "/api/v1/repos/{owner}/{repo}/actions/runners/registration-token",
                 get(registration_token),
+            )
+            .route(
+                "/api/v1/repos/{owner}/{repo}/actions/runners",
+                post(register_runner),
+            )
+            .route(
+                "/api/v1/repos/{owner}/{repo}/actions/runners/{runner_id}",
+                delete(delete_runner),
             )
             .fallback(not_found)
             .with_state(self.clone())
@@ -283,6 +307,11 @@ impl ForgejoTwin {
         self.lock().jobs.values().cloned().collect()
     }
 
+    /// The runners registered through the API and not deleted, in id order.
+    pub fn registered_runners(&self) -> Vec<RegisteredRunner> {
+        self.lock().runners.values().cloned().collect()
+    }
+
     /// The repo's active registration token, if one was created.
     pub fn registration_token(&self, repo: &str) -> Option<String> {
         self.lock()
@@ -353,7 +382,7 @@ impl ForgejoTwin {
         owner: &str,
         repo: &str,
         headers: &HeaderMap,
-        needs_job_search: bool,
+        since_major: u64,
     ) -> Result<String, Box<Response>> {
         let state = self.lock();
         if state.outage {
@@ -361,7 +390,8 @@ impl ForgejoTwin {
                 (StatusCode::BAD_GATEWAY, "Bad Gateway").into_response(),
             ));
         }
-        if needs_job_search && major_of(&state.version) < 11 {
+        // A route an older version does not have.
+        if major_of(&state.version) < since_major {
             return Err(Box::new(error(
                 StatusCode::NOT_FOUND,
                 "The target couldn't be found.",
@@ -422,7 +452,7 @@ async fn search_jobs(
     Path((owner, repo)): Path<(String, String)>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    let response = match twin.admit(&owner, &repo, &headers, true) {
+    let response = match twin.admit(&owner, &repo, &headers, 11) {
         Err(refusal) => *refusal,
         Ok(key) => {
             let asked = query.get("labels").map(|l| l.trim()).unwrap_or_default();
@@ -479,7 +509,7 @@ async fn registration_token(
     headers: HeaderMap,
     Path((owner, repo)): Path<(String, String)>,
 ) -> Response {
-    let response = match twin.admit(&owner, &repo, &headers, false) {
+    let response = match twin.admit(&owner, &repo, &headers, 0) {
         Err(refusal) => *refusal,
         Ok(key) => {
             let mut state = twin.lock();
@@ -493,6 +523,99 @@ async fn registration_token(
     };
     twin.record(&method, &uri, &headers, response.status());
     response
+}
+
+/// Forgejo 15: `RegisterRunnerOptions {name (required), description, ephemeral}`.
+async fn register_runner(
+    State(twin): State<ForgejoTwin>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    Path((owner, repo)): Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> Response {
+    let response = match twin.admit(&owner, &repo, &headers, 15) {
+        Err(refusal) => *refusal,
+        Ok(key) => match serde_json::from_slice::<Value>(&body) {
+            Err(_) => error(
+                StatusCode::BAD_REQUEST,
+                "invalid RegisterRunnerOptions",
+                &headers,
+            ),
+            Ok(options) => match options["name"].as_str().filter(|n| !n.is_empty()) {
+                None => error(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "[Name]: Required",
+                    &headers,
+                ),
+                Some(name) => {
+                    let mut state = twin.lock();
+                    let id = state.next_runner_id;
+                    state.next_runner_id += 1;
+                    let runner = RegisteredRunner {
+                        id,
+                        repo: key,
+                        name: name.to_string(),
+                        uuid: uuid_like(),
+                        token: random_token(),
+                        ephemeral: options["ephemeral"].as_bool().unwrap_or(false),
+                    };
+                    let body = json!({ "id": id, "uuid": runner.uuid, "token": runner.token });
+                    state.runners.insert(id, runner);
+                    (StatusCode::CREATED, axum::Json(body)).into_response()
+                }
+            },
+        },
+    };
+    twin.record(&method, &uri, &headers, response.status());
+    response
+}
+
+async fn delete_runner(
+    State(twin): State<ForgejoTwin>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    Path((owner, repo, runner_id)): Path<(String, String, String)>,
+) -> Response {
+    let response = match twin.admit(&owner, &repo, &headers, 15) {
+        Err(refusal) => *refusal,
+        Ok(key) => {
+            let mut state = twin.lock();
+            let found = runner_id
+                .parse::<u64>()
+                .ok()
+                .filter(|id| state.runners.get(id).is_some_and(|r| r.repo == key));
+            match found {
+                Some(id) => {
+                    state.runners.remove(&id);
+                    StatusCode::NO_CONTENT.into_response()
+                }
+                None => error(
+                    StatusCode::NOT_FOUND,
+                    "The target couldn't be found.",
+                    &headers,
+                ),
+            }
+        }
+    };
+    twin.record(&method, &uri, &headers, response.status());
+    response
+}
+
+/// A random version-4-shaped UUID, as Forgejo gives its runners.
+fn uuid_like() -> String {
+    let hex: String = (0..32)
+        .map(|_| char::from_digit(rand::rng().random_range(0..16), 16).unwrap_or('0'))
+        .collect();
+    format!(
+        "{}-{}-4{}-a{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[13..16],
+        &hex[17..20],
+        &hex[20..32]
+    )
 }
 
 async fn not_found(
