@@ -256,9 +256,17 @@ pub struct DaemonArgs {
     /// Caps all in-flight runners, across repos.
     #[arg(long, env = "RUNNER_SCALER_MAX_IN_FLIGHT", hide_env_values = true)]
     pub max_in_flight: Option<u32>,
-    /// Time between ticks.
+    /// Time between ticks, and between reads of a repo with work (a job queued or running,
+    /// a runner in flight, or a webhook hint in the last five minutes).
     #[arg(long, env = "RUNNER_SCALER_POLL_INTERVAL", default_value = "15s", value_parser = humantime::parse_duration, hide_env_values = true)]
     pub poll_interval: Duration,
+    /// Time between reads of an idle repo's queue [default: 60s; 5m when webhooks are
+    /// received, since a lost webhook then costs at most that].
+    #[arg(long, env = "RUNNER_SCALER_IDLE_POLL_INTERVAL", value_parser = humantime::parse_duration, hide_env_values = true)]
+    pub idle_poll_interval: Option<Duration>,
+    /// Queues and parent listings read at once.
+    #[arg(long, env = "RUNNER_SCALER_MAX_CONCURRENT_POLLS", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..), hide_env_values = true)]
+    pub max_concurrent_polls: u16,
     /// Timeout of one HTTP request to any service.
     #[arg(long, env = "RUNNER_SCALER_REQUEST_TIMEOUT", default_value = "15s", value_parser = humantime::parse_duration, hide_env_values = true)]
     pub request_timeout: Duration,

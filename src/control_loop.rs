@@ -11,6 +11,7 @@ use futures::{FutureExt, StreamExt};
 use rand::RngCore;
 use tracing::{debug, error, info, warn};
 
+pub mod polls;
 mod takeback;
 mod waits;
 
@@ -127,7 +128,11 @@ impl Services {
 /// Settings of the loop itself.
 #[derive(Clone, Debug)]
 pub struct LoopSettings {
+    /// Time between ticks, and between reads of a repo with work.
     pub poll_interval: Duration,
+    /// Time between reads of an idle repo (no job queued or running at its last read, no
+    /// child of ours, no webhook hint in the last minutes).
+    pub idle_poll_interval: Duration,
     pub plan: PlanSettings,
     /// Sources asked at once (repos and parents).
     pub list_concurrency_max: usize,
@@ -147,6 +152,7 @@ impl Default for LoopSettings {
     fn default() -> Self {
         LoopSettings {
             poll_interval: Duration::from_secs(15),
+            idle_poll_interval: polls::IDLE_POLL_INTERVAL_DEFAULT,
             plan: PlanSettings::default(),
             list_concurrency_max: 8,
             terminal_retry: Duration::from_secs(600),
@@ -211,6 +217,10 @@ pub struct Memory {
     last_dispatch: BTreeMap<BucketKey, DateTime<Utc>>,
     /// Jobs seen queued, to measure their wait when they start.
     start_waits: waits::StartWaits,
+    /// When each repo's queue was read and is next due.
+    polls: polls::PollSchedule,
+    /// Each repo's last successful queue reading, carried into ticks that do not read it.
+    readings: BTreeMap<RepoName, RepoJobs>,
 }
 
 /// Runs ticks over a set of services.
@@ -493,10 +503,25 @@ impl Controller {
             .buffer_unordered(self.settings.list_concurrency_max)
             .collect::<Vec<_>>();
 
-        // Repos whose queue is backing off are not asked this tick.
+        // Repos whose queue is backing off are not asked this tick, nor are those that the
+        // poll schedule does not find due: they keep their last reading.
         let mut to_ask = Vec::new();
+        let intervals = self.poll_intervals();
         for repo in config.repos.values() {
             let scope = Scope::Queue(repo.repo.clone());
+            let carried = self
+                .memory
+                .polls
+                .next_read_at(&repo.repo, now, intervals, 1.0)
+                .and_then(|_| self.memory.polls.read_at(&repo.repo))
+                .zip(self.memory.readings.get(&repo.repo));
+            if let Some((read_at, reading)) = carried {
+                snapshot
+                    .repos
+                    .insert(repo.repo.clone(), Ok(reading.clone()));
+                snapshot.unpolled.insert(repo.repo.clone(), read_at);
+                continue;
+            }
             match self.memory.failures.get(&scope) {
                 Some(f) if f.retry_at > now => {
                     snapshot.repos.insert(
@@ -581,6 +606,8 @@ impl Controller {
                     self.succeeded(&Scope::Queue(repo.clone()));
                     listed_repos.insert(repo.clone());
                     self.fill_first_sightings(&repo, &mut jobs, now, &mut seen);
+                    self.memory.polls.read(&repo, now, !jobs.jobs.is_empty());
+                    self.memory.readings.insert(repo.clone(), jobs.clone());
                     if jobs.truncated {
                         warn!(repo = %repo, "run listing reached GitHub's 1,000-result search cap: queued demand may be larger than seen");
                     }
@@ -593,6 +620,17 @@ impl Controller {
                 }
             }
         }
+        // A repo with children of ours in flight is busy, whatever its last reading said.
+        let with_children: BTreeSet<RepoName> =
+            snapshot.our_children().filter_map(|c| c.repo).collect();
+        for repo in &with_children {
+            self.memory.polls.children_in_flight(repo);
+        }
+        let configured: BTreeSet<&RepoName> = config.repos.keys().collect();
+        self.memory.polls.retain(&configured);
+        self.memory
+            .readings
+            .retain(|repo, _| configured.contains(repo));
         // Forget sightings of jobs that are gone from repos that were read.
         self.memory
             .first_seen
@@ -699,6 +737,19 @@ impl Controller {
                 DispatchOutcome::Skipped { .. } => {}
             }
         }
+    }
+
+    /// The busy and idle read intervals of repos' queues.
+    pub fn poll_intervals(&self) -> polls::PollIntervals {
+        polls::PollIntervals {
+            busy: self.settings.poll_interval,
+            idle: self.settings.idle_poll_interval,
+        }
+    }
+
+    /// A webhook said something happened in `repo`: its queue is read at the next tick.
+    pub fn hint(&mut self, repo: &RepoName, now: DateTime<Utc>) {
+        self.memory.polls.hint(repo, now);
     }
 
     fn succeeded(&mut self, scope: &Scope) {

@@ -236,6 +236,10 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
         },
         loop_settings: LoopSettings {
             poll_interval: args.poll_interval,
+            idle_poll_interval: args
+                .idle_poll_interval
+                .unwrap_or(crate::control_loop::polls::IDLE_POLL_INTERVAL_DEFAULT),
+            list_concurrency_max: usize::from(args.max_concurrent_polls),
             plan: PlanSettings {
                 max_in_flight: args.max_in_flight,
                 reap: ReapPolicy {

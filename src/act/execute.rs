@@ -109,9 +109,10 @@ pub struct RegistrationsToDelete {
 pub struct ActReport {
     pub dispatches: Vec<DispatchOutcome>,
     pub reaps: Vec<ReapOutcome>,
-    /// Stale registrations, and the registered runners of purged children, and what deleting
-    /// them said.
+    /// Stale registrations and what deleting them said.
     pub deregistrations: Vec<(StaleRegistration, Result<Deregistration, PortError>)>,
+    /// The runners purged children had registered (Forgejo 15), and what deleting them said.
+    pub retired: Vec<(StaleRegistration, Result<Deregistration, PortError>)>,
     pub purges: Vec<PurgeOutcome>,
 }
 
@@ -326,7 +327,7 @@ pub async fn carry_out(
                     registration.name, registration.repo
                 ))
             });
-        report.deregistrations.push((registration.clone(), answer));
+        report.retired.push((registration.clone(), answer));
     }
     report
 }

@@ -204,6 +204,9 @@ impl From<PortError> for Gap {
 pub struct Snapshot {
     /// Per repo of the document: its jobs, or why they could not be read.
     pub repos: BTreeMap<RepoName, Result<RepoJobs, Gap>>,
+    /// Repos whose queue was not polled this tick, with when their reading in `repos` was
+    /// taken: shown, never dispatched for or reaped on.
+    pub unpolled: BTreeMap<RepoName, DateTime<Utc>>,
     /// Per parent job listed: its children, or why they could not be listed.
     pub parents: BTreeMap<String, Result<Vec<Child>, Gap>>,
     /// `repo_url` meta value → repo, for every repo of the document.

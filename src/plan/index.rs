@@ -64,6 +64,8 @@ pub(super) struct RepoSlot<'a> {
     pub config: Option<&'a RepoConfig>,
     /// Why its queue could not be read this tick, if it could not.
     pub queue_gap: Option<&'a Gap>,
+    /// When its queue reading was taken, if not this tick (carried from an earlier poll).
+    pub read_earlier_at: Option<chrono::DateTime<chrono::Utc>>,
     /// The first of its parents whose children could not be listed, as a message.
     pub parent_gap: Option<String>,
     /// Our in-flight children attributed to the repo.
@@ -102,6 +104,7 @@ impl<'a> Repos<'a> {
                 name,
                 config: None,
                 queue_gap: None,
+                read_earlier_at: None,
                 parent_gap: None,
                 in_flight: 0,
                 profile_in_flight: Vec::new(),

@@ -105,6 +105,11 @@ pub enum HoldReason {
     CoveredByWider {
         runners: u32,
     },
+    /// The repo's queue was not polled this tick (adaptive polling, or a tick woken by a
+    /// webhook for another repo): the reading is from `read_at`, too old to dispatch on.
+    NotPolled {
+        read_at: DateTime<Utc>,
+    },
 }
 
 impl fmt::Display for HoldReason {
@@ -132,6 +137,11 @@ impl fmt::Display for HoldReason {
             HoldReason::Probing { failed_starts } => write!(
                 f,
                 "crash loop: {failed_starts} failed start(s) in a row; one runner at a time until one takes a job"
+            ),
+            HoldReason::NotPolled { read_at } => write!(
+                f,
+                "queue not polled this tick (last read at {}): dispatches wait for its next poll",
+                read_at.to_rfc3339()
             ),
             HoldReason::CoveredByWider { runners } => write!(
                 f,
@@ -305,6 +315,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
                 continue;
             }
         };
+        repos.slots[repo].read_earlier_at = snapshot.unpolled.get(name).copied();
         let mut routing = JobsOfRepo::new(repo);
         for job in &listing.jobs {
             let labels = match routing.labels(&job.labels, &mut label_sets) {
@@ -621,7 +632,10 @@ fn nominate(
     for (child, repo, bucket) in flight {
         // A child the planner cannot attribute to a bucket of a readable queue has no demand
         // it could serve: a leftover of a repo that left the document, or of an edit.
-        let demand_known = repo.is_some_and(|r| slots[r].queue_gap.is_none());
+        // A reading carried from an earlier tick may miss that a job was taken or cancelled
+        // since: no runner is taken back on it.
+        let demand_known = repo
+            .is_some_and(|r| slots[r].queue_gap.is_none() && slots[r].read_earlier_at.is_none());
         let key = match (bucket, demand_known) {
             (Some(b), true) => Some(*b),
             (_, true) => None,
@@ -794,6 +808,11 @@ fn hold_before_caps(
     };
     if missing == 0 {
         return None;
+    }
+    // Never dispatch on a queue reading from an earlier tick: a job it shows queued may have
+    // been taken, and its runner may have left, since.
+    if let Some(read_at) = slot.read_earlier_at {
+        return Some(HoldReason::NotPolled { read_at });
     }
     // Never dispatch without a fresh in-flight count: every parent of the repo counts
     // against its cap, and every parent listed counts against the global cap.

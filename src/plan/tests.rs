@@ -897,3 +897,51 @@ fn the_operators_pause_stops_every_dispatch_and_nothing_else() {
     }
     assert_eq!(p.purges.len(), 1, "dead children are still purged");
 }
+
+/// A repo whose queue was not polled this tick carries its last reading: it is shown, but
+/// nothing is dispatched on it (a job it shows queued may have been taken since) and no
+/// runner is taken back on it (a job may have arrived since).
+#[test]
+fn a_queue_reading_carried_from_an_earlier_tick_neither_dispatches_nor_reaps() {
+    for carried in [false, true] {
+        let mut w = World::new(vec![app_repo("acme/api", 3), app_repo("acme/web", 3)]);
+        w.queued("acme/api", SH, 10).child(
+            "ci-runner",
+            "acme/web",
+            SH,
+            "r1",
+            ChildStatus::Running,
+            Placement::Placed,
+        );
+        if carried {
+            for name in ["acme/api", "acme/web"] {
+                w.snapshot
+                    .unpolled
+                    .insert(repo(name), t0() - Duration::seconds(40));
+            }
+        }
+        let p = w.plan();
+        let api = bucket(&p, "acme/api", SH);
+        assert_eq!(
+            api.queued, 1,
+            "carried: {carried}: the reading is still shown"
+        );
+        if carried {
+            assert!(p.dispatches.is_empty(), "dispatched on an old reading");
+            assert_eq!(
+                api.reason,
+                Some(HoldReason::NotPolled {
+                    read_at: t0() - Duration::seconds(40)
+                })
+            );
+            assert!(p.nominations.is_empty(), "reaped on an old reading");
+        } else {
+            assert_eq!(p.dispatches.len(), 1);
+            assert_eq!(
+                p.nominations.len(),
+                1,
+                "the idle runner of acme/web is surplus"
+            );
+        }
+    }
+}

@@ -512,6 +512,17 @@ pub fn log_act(act: &ActReport) {
             Err(error) => warn!(class = error.class.as_str(), "{}", error.message),
         }
     }
+    for (registration, answer) in &act.retired {
+        match answer {
+            Ok(answer) => info!(
+                repo = %registration.repo,
+                runner_name = %registration.name,
+                answer = ?answer,
+                "deleted the runner registered for a purged child"
+            ),
+            Err(error) => warn!(class = error.class.as_str(), "{}", error.message),
+        }
+    }
     for p in &act.purges {
         match p {
             PurgeOutcome::Purged(child) => info!(child = %child, "purged finished runner"),

@@ -1335,6 +1335,9 @@ impl QueueSource for GitHubForge {
     async fn list_jobs(&self, repo: &RepoConfig) -> Result<RepoJobs, PortError> {
         let result = self.client().list_jobs(repo).await;
         self.held_back(Scope::Queue(repo.repo.clone()), repo, &result);
+        if let Ok(reading) = &result {
+            lock(&self.shared).queue_read(&repo.repo, reading.jobs.len());
+        }
         result
     }
 }

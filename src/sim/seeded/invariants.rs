@@ -3,7 +3,9 @@
 //! - I1: no runner executing a job is destroyed (and no foreign child is touched).
 //! - I2: demand visible in a bucket with cap room and no excusing fault is met by a dispatch
 //!   within one poll interval (plus one step: a tick takes no virtual time), or by a spare
-//!   placed runner of a wider label set of the same repo, which will take it.
+//!   placed runner of a wider label set of the same repo, which will take it. A repo that was
+//!   idle at its last read (no job in the reading, no child in flight) may wait for its next
+//!   idle read instead: by that read plus one poll interval.
 //! - I3: no cap is exceeded, counting pending children.
 //! - I4: surplus is reaped: a registered `app` runner idle past the grace window and the
 //!   idle confirmation is taken back within two polls, and a child unplaced past the
@@ -62,8 +64,10 @@ pub struct ConvergenceBound {
 /// I1–I4 and I7 after every step; I2 keeps, per bucket, since when demand exceeded supply,
 /// and I4, per child, since when it should have been taken back.
 pub struct Checker {
-    short_since: BTreeMap<BucketKey, u64>,
+    /// Per short bucket: since when, and by when a dispatch is owed.
+    short_since: BTreeMap<BucketKey, (u64, u64)>,
     dispatch_within_s: u64,
+    idle_poll_interval_s: u64,
     /// Child → since when it has been surplus (idle and registered, or unplaced) with no
     /// fault excusing a delay.
     surplus_since: BTreeMap<ChildId, u64>,
@@ -127,10 +131,11 @@ fn covered_by_wider(loads: &BTreeMap<BucketKey, Load>) -> BTreeMap<BucketKey, u3
 }
 
 impl Checker {
-    pub fn new(poll_interval_s: u64, step_s: u64) -> Checker {
+    pub fn new(poll_interval_s: u64, idle_poll_interval_s: u64, step_s: u64) -> Checker {
         Checker {
             short_since: BTreeMap::new(),
             dispatch_within_s: poll_interval_s + step_s,
+            idle_poll_interval_s,
             surplus_since: BTreeMap::new(),
         }
     }
@@ -210,24 +215,29 @@ impl Checker {
                 .or_else(|| fault_excuse(sim, &key.repo, &route))
                 .or_else(|| crash_excuse(sim, &key, self.dispatch_within_s))
                 .or_else(|| freed_by_stop(sim, &key.repo, self.dispatch_within_s));
-            let since = match excuse {
-                Some(_) => t,
-                None => self.short_since.get(&key).copied().unwrap_or(t),
+            let owed = |since: u64| {
+                let soon = since + self.dispatch_within_s;
+                match sim.queue_reads.get(&key.repo) {
+                    // Idle at its last read: read again an idle interval later.
+                    Some(read) if !read.busy => {
+                        soon.max(read.at_s + self.idle_poll_interval_s + self.dispatch_within_s)
+                    }
+                    _ => soon,
+                }
             };
-            if t - since > self.dispatch_within_s {
+            let (since, deadline) = match (excuse, self.short_since.get(&key)) {
+                (None, Some(known)) => *known,
+                _ => (t, owed(t)),
+            };
+            if t > deadline {
                 return Some(format!(
                     "bucket {key}: demand {demand} (queued {}, in progress {}, claimed {}) exceeded \
-                     supply {} (and {} spare wider runners) from t={since}s to t={t}s, longer \
-                     than {} s, with cap room and no fault excusing it",
-                    load.queued,
-                    load.in_progress,
-                    load.claimed,
-                    load.supply,
-                    covered[&key],
-                    self.dispatch_within_s
+                     supply {} (and {} spare wider runners) from t={since}s to t={t}s, past \
+                     t={deadline}s, with cap room and no fault excusing it",
+                    load.queued, load.in_progress, load.claimed, load.supply, covered[&key],
                 ));
             }
-            still_short.insert(key, since);
+            still_short.insert(key, (since, deadline));
         }
         self.short_since = still_short;
         None

@@ -220,6 +220,7 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
     world.add_foreign_child("ci-runner");
     let loop_settings = LoopSettings {
         poll_interval: std::time::Duration::from_secs(options.poll_interval_s),
+        idle_poll_interval: std::time::Duration::from_secs(options.idle_poll_interval_s),
         plan: PlanSettings {
             max_in_flight: options.max_in_flight,
             reap: options.reap_policy(),
@@ -327,12 +328,16 @@ fn drive(
         .start_paused(true)
         .build()
         .expect("build a current-thread runtime");
-    let (poll_s, converge_from_s) = {
+    let (poll_s, idle_s, converge_from_s) = {
         let sim = lock(shared);
         let o = &sim.options;
-        (o.poll_interval_s, o.faults_end_s.max(o.arrivals_end_s))
+        (
+            o.poll_interval_s,
+            o.idle_poll_interval_s,
+            o.faults_end_s.max(o.arrivals_end_s),
+        )
     };
-    let mut checker = invariants::Checker::new(poll_s, STEP_S);
+    let mut checker = invariants::Checker::new(poll_s, idle_s, STEP_S);
     let mut driven = Driven {
         violation: None,
         convergence: None,

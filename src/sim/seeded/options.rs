@@ -98,6 +98,8 @@ pub struct Options {
     /// The scenario the options were drawn from (for `mixed`, the one it picked).
     pub scenario: Scenario,
     pub poll_interval_s: u64,
+    /// How often the daemon reads an idle repo's queue (adaptive polling).
+    pub idle_poll_interval_s: u64,
     pub repos: Vec<RepoSpec>,
     /// `--max-in-flight`.
     pub max_in_flight: Option<u32>,
@@ -153,6 +155,7 @@ impl Options {
         let mut options = Options {
             scenario,
             poll_interval_s: 15,
+            idle_poll_interval_s: 60,
             repos: repos(rng),
             max_in_flight: rng.random_bool(0.3).then(|| rng.random_range(3..=10)),
             burst_runs: rng.random_range(0..=3),

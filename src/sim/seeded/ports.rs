@@ -77,7 +77,34 @@ pub struct Sim {
     pub trace: Trace,
     pub faults: Faults,
     pub requests: Requests,
+    /// Per repo, the last successful read of its queue: when, and whether the daemon then had
+    /// reason to keep it on the busy cadence (jobs in the reading, or children in flight).
+    pub queue_reads: BTreeMap<RepoName, QueueRead>,
     mints: u64,
+}
+
+/// One successful read of a repo's queue, as I2 judges the daemon's polling by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueRead {
+    pub at_s: u64,
+    pub busy: bool,
+}
+
+impl Sim {
+    /// The daemon read `repo`'s queue now and got `jobs` jobs.
+    pub fn queue_read(&mut self, repo: &RepoName, jobs: usize) {
+        let children = self
+            .world
+            .in_flight()
+            .any(|(_, child)| child.repo.as_ref() == Some(repo));
+        self.queue_reads.insert(
+            repo.clone(),
+            QueueRead {
+                at_s: self.t,
+                busy: jobs > 0 || children,
+            },
+        );
+    }
 }
 
 /// Requests the loop made, as the services would bill them (the benchmark reads these).
@@ -190,6 +217,7 @@ impl Sim {
             trace,
             faults: Faults::default(),
             requests: Requests::default(),
+            queue_reads: BTreeMap::new(),
             mints: 0,
         }
     }
@@ -396,7 +424,8 @@ impl QueueSource for ForgejoPort {
                     queued_at: None,
                 })
             })
-            .collect();
+            .collect::<Vec<_>>();
+        sim.queue_read(&repo.repo, jobs.len());
         Ok(RepoJobs {
             jobs,
             truncated: false,

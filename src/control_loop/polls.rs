@@ -1,0 +1,254 @@
+//! Adaptive polling: which repos' queues a tick reads.
+//!
+//! A repo with work (a job queued or running at its last read, or a child of ours in flight)
+//! or a webhook hint in the last [`HINT_KEEPS_BUSY`] is read every poll interval; an idle one
+//! every idle poll interval. A hint asks for a read at the next tick whatever the schedule
+//! says. Most repos of a fleet are idle most of the time, so this is what keeps hundreds of
+//! repos inside GitHub's per-minute limits. A repo not read in a tick keeps its last reading,
+//! which the planner shows but neither dispatches nor reaps on.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::clock::after;
+use crate::model::RepoName;
+
+/// `--idle-poll-interval` when it is not set and no webhook is received.
+pub const IDLE_POLL_INTERVAL_DEFAULT: Duration = Duration::from_secs(60);
+
+/// How long a webhook hint keeps its repo on the busy schedule: a push usually brings more
+/// jobs (later `needs:` levels, re-runs) within minutes.
+pub const HINT_KEEPS_BUSY: Duration = Duration::from_secs(300);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PollIntervals {
+    /// Repos with work.
+    pub busy: Duration,
+    /// Idle repos; at most the busy interval means every repo is read every tick.
+    pub idle: Duration,
+}
+
+impl PollIntervals {
+    /// Ticks land a poll interval apart, give or take the time a tick takes: a repo due
+    /// within this much of a tick is read at that tick rather than a whole interval later.
+    fn slack(&self) -> Duration {
+        self.busy / 5
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct RepoPolls {
+    /// The last successful read of its queue.
+    read_at: Option<DateTime<Utc>>,
+    /// Work was seen at the last tick: jobs at the last read, or children of ours.
+    busy: bool,
+    hinted_at: Option<DateTime<Utc>>,
+    /// A hint asked for a read that has not happened yet.
+    asked: bool,
+}
+
+/// When each repo was read and when it is next due.
+#[derive(Clone, Debug, Default)]
+pub struct PollSchedule {
+    repos: BTreeMap<RepoName, RepoPolls>,
+}
+
+impl PollSchedule {
+    /// A webhook said something happened in `repo`: read it at the next tick.
+    pub fn hint(&mut self, repo: &RepoName, now: DateTime<Utc>) {
+        let polls = self.repos.entry(repo.clone()).or_default();
+        polls.asked = true;
+        polls.hinted_at = Some(now);
+    }
+
+    /// The interval `repo` is read at now: busy or idle, stretched by `stretch` (≥ 1) when
+    /// the API budget it draws on runs low.
+    pub fn interval(
+        &self,
+        repo: &RepoName,
+        now: DateTime<Utc>,
+        intervals: PollIntervals,
+        stretch: f64,
+    ) -> Duration {
+        let polls = self.repos.get(repo);
+        let hinted = polls
+            .and_then(|p| p.hinted_at)
+            .is_some_and(|at| now < after(at, HINT_KEEPS_BUSY));
+        let busy = polls.is_some_and(|p| p.busy) || hinted;
+        let base = if busy {
+            intervals.busy
+        } else {
+            intervals.idle.max(intervals.busy)
+        };
+        base.mul_f64(stretch.max(1.0))
+    }
+
+    /// When `repo` is next due: `None` when it is due now (never read, or a hint asked).
+    pub fn next_read_at(
+        &self,
+        repo: &RepoName,
+        now: DateTime<Utc>,
+        intervals: PollIntervals,
+        stretch: f64,
+    ) -> Option<DateTime<Utc>> {
+        let polls = self.repos.get(repo)?;
+        if polls.asked {
+            return None;
+        }
+        let read_at = polls.read_at?;
+        let due = after(read_at, self.interval(repo, now, intervals, stretch));
+        let early = due - chrono::Duration::from_std(intervals.slack()).unwrap_or_default();
+        (now < early).then_some(due)
+    }
+
+    /// When `repo` was last read, if it was.
+    pub fn read_at(&self, repo: &RepoName) -> Option<DateTime<Utc>> {
+        self.repos.get(repo).and_then(|p| p.read_at)
+    }
+
+    /// `repo` was read at `now`; `busy` when the reading showed a job queued or running.
+    pub fn read(&mut self, repo: &RepoName, now: DateTime<Utc>, busy: bool) {
+        let polls = self.repos.entry(repo.clone()).or_default();
+        polls.read_at = Some(now);
+        polls.asked = false;
+        polls.busy = busy;
+    }
+
+    /// Children of ours run for `repo`: it is busy whatever its last reading said, so it is
+    /// read every poll interval while they do.
+    pub fn children_in_flight(&mut self, repo: &RepoName) {
+        self.repos.entry(repo.clone()).or_default().busy = true;
+    }
+
+    /// Forgets repos that left the document.
+    pub fn retain(&mut self, repos: &BTreeSet<&RepoName>) {
+        self.repos.retain(|repo, _| repos.contains(repo));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn t(s: i64) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 12, 1, 12, 0, 0).unwrap() + chrono::Duration::seconds(s)
+    }
+
+    const INTERVALS: PollIntervals = PollIntervals {
+        busy: Duration::from_secs(15),
+        idle: Duration::from_secs(60),
+    };
+
+    fn repo() -> RepoName {
+        RepoName::parse("acme/api").unwrap()
+    }
+
+    /// Ticks every 15 s from `from` for `until` seconds: the ticks at which `repo` is read.
+    fn reads(schedule: &mut PollSchedule, from: i64, until: i64, busy: bool) -> Vec<i64> {
+        let mut at = Vec::new();
+        for s in (from..from + until).step_by(15) {
+            if schedule
+                .next_read_at(&repo(), t(s), INTERVALS, 1.0)
+                .is_none()
+            {
+                schedule.read(&repo(), t(s), busy);
+                at.push(s);
+            }
+        }
+        at
+    }
+
+    #[test]
+    fn a_never_read_repo_is_due_at_once() {
+        assert_eq!(
+            PollSchedule::default().next_read_at(&repo(), t(0), INTERVALS, 1.0),
+            None
+        );
+    }
+
+    #[test]
+    fn a_busy_repo_is_read_every_tick_and_an_idle_one_every_idle_interval() {
+        let mut schedule = PollSchedule::default();
+        assert_eq!(reads(&mut schedule, 0, 60, true), [0, 15, 30, 45]);
+        // The read at 45 found nothing: from then on, once a minute.
+        assert_eq!(reads(&mut schedule, 60, 180, false), [60, 120, 180]);
+    }
+
+    #[test]
+    fn ticks_a_little_early_or_late_keep_the_cadence() {
+        let mut schedule = PollSchedule::default();
+        schedule.read(&repo(), t(0), true);
+        // A tick that lands 200 ms before the interval is up still reads.
+        let early = t(15) - chrono::Duration::milliseconds(200);
+        assert_eq!(schedule.next_read_at(&repo(), early, INTERVALS, 1.0), None);
+        // Halfway through the interval it does not.
+        assert_eq!(
+            schedule.next_read_at(&repo(), t(7), INTERVALS, 1.0),
+            Some(t(15))
+        );
+    }
+
+    #[test]
+    fn a_hint_asks_for_a_read_now_and_keeps_the_repo_busy_for_five_minutes() {
+        let mut schedule = PollSchedule::default();
+        schedule.read(&repo(), t(0), false);
+        assert_eq!(
+            schedule.next_read_at(&repo(), t(20), INTERVALS, 1.0),
+            Some(t(60))
+        );
+        schedule.hint(&repo(), t(20));
+        assert_eq!(schedule.next_read_at(&repo(), t(21), INTERVALS, 1.0), None);
+        schedule.read(&repo(), t(21), false);
+        // Busy cadence while the hint is fresh, although the reading was empty.
+        assert_eq!(
+            schedule.next_read_at(&repo(), t(25), INTERVALS, 1.0),
+            Some(t(36))
+        );
+        // Idle again once the hint is five minutes old.
+        schedule.read(&repo(), t(320), false);
+        assert_eq!(
+            schedule.next_read_at(&repo(), t(325), INTERVALS, 1.0),
+            Some(t(380))
+        );
+    }
+
+    #[test]
+    fn children_in_flight_keep_an_empty_queue_on_the_busy_cadence() {
+        let mut schedule = PollSchedule::default();
+        schedule.read(&repo(), t(0), false);
+        schedule.children_in_flight(&repo());
+        assert_eq!(
+            schedule.next_read_at(&repo(), t(5), INTERVALS, 1.0),
+            Some(t(15))
+        );
+    }
+
+    #[test]
+    fn a_low_budget_stretches_the_interval_and_never_shortens_it() {
+        let schedule = PollSchedule::default();
+        assert_eq!(
+            schedule.interval(&repo(), t(0), INTERVALS, 3.0),
+            Duration::from_secs(180)
+        );
+        assert_eq!(
+            schedule.interval(&repo(), t(0), INTERVALS, 0.5),
+            Duration::from_secs(60)
+        );
+    }
+
+    #[test]
+    fn an_idle_interval_below_the_poll_interval_reads_every_tick() {
+        let intervals = PollIntervals {
+            busy: Duration::from_secs(15),
+            idle: Duration::from_secs(5),
+        };
+        let schedule = PollSchedule::default();
+        assert_eq!(
+            schedule.interval(&repo(), t(0), intervals, 1.0),
+            Duration::from_secs(15)
+        );
+    }
+}
