@@ -199,7 +199,7 @@ job "runner-scaler" {
 
       # Secrets come from files or the environment, never from flags (they would show in
       # `ps` and in the job spec). The App's private key is a file only this task's user
-      # (uid/gid: Nomad >= 1.3) can read.
+      # (template uid/gid: Nomad >= 1.3.3) can read.
       template {
         destination = "secrets/github-app.pem"
         perms       = "0400"

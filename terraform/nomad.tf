@@ -35,12 +35,17 @@ resource "nomad_namespace" "vault_runners" {
 # - read-job: read a child and its allocations (GET /v1/job/<id>, …/allocations).
 # - dispatch-job: dispatch a parent (POST /v1/job/<id>/dispatch).
 # - submit-job: "Allows jobs to be submitted, updated, or stopped"; stopping and purging a
-#   child (DELETE /v1/job/<id>[?purge=true]) needs it (`nomad job stop` requires submit-job
-#   and read-job, https://developer.hashicorp.com/nomad/commands/job/stop). Nomad has no
-#   narrower capability for stopping or purging: there is no `purge-job`.
+#   child (DELETE /v1/job/<id>[?purge=true]) needs it on Nomad 1.x (`nomad job stop` requires
+#   submit-job and read-job, https://developer.hashicorp.com/nomad/commands/job/stop), which
+#   has no narrower capability. Nomad 2.0 splits submit-job (hashicorp/nomad#27287,
+#   acl/policy.go): Job.Deregister there accepts submit-job, purge-job, or deregister-job for
+#   a stop without purge. Those names are refused by 1.x servers, so this policy keeps the 1.x
+#   form; on a cluster whose servers all run 2.0, `deregister-job` + `purge-job` can replace
+#   submit-job in runner_namespace (no job registration at all), and `purge-job` alone would
+#   let the daemon purge dead vault-mode children without the power to register jobs there.
 #
-# The trade-off in vault_runner_namespace: without submit-job there, the daemon cannot stop or
-# purge vault-mode children. It never stops one whose allocation runs anyway (it has no runner
+# The trade-off in vault_runner_namespace (Nomad 1.x): without submit-job there, the daemon
+# cannot stop or purge vault-mode children. It never stops one whose allocation runs anyway (it has no runner
 # API in vault mode; a surplus runner ends itself through its idle timeout), and dead children
 # are removed by Nomad's batch job garbage collection (server `job_gc_threshold`, 4h by
 # default) instead of being purged at once. Nothing usable is left in them: the dispatch meta

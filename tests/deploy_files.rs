@@ -424,6 +424,9 @@ fn glob_matches(pattern: &str, text: &str) -> bool {
 /// that logs in as that role, or read what its task holds.
 const JOB_WRITING: &[&str] = &[
     "submit-job",
+    // Nomad 2.0 splits submit-job; these two (re)register jobs.
+    "register-job",
+    "revert-job",
     "scale-job",
     "alloc-exec",
     "alloc-node-exec",
@@ -611,9 +614,10 @@ fn the_daemon_writes_no_jobs_where_a_job_holds_an_admin_token_role() {
     }
 }
 
-/// Every capability the daemon's Nomad policy names is one Nomad documents for namespace rules
-/// (https://developer.hashicorp.com/nomad/docs/other-specifications/acl-policy), and it has
-/// submit-job (stop and purge) only in the runners' namespace.
+/// Every capability the daemon's Nomad policy names is one Nomad defines for namespace rules
+/// (https://developer.hashicorp.com/nomad/docs/other-specifications/acl-policy, and Nomad 2.0's
+/// split of submit-job), and it has submit-job (stop and purge on 1.x) only in the runners'
+/// namespace.
 #[test]
 fn the_daemons_nomad_capabilities_are_documented_ones() {
     let documented: BTreeSet<&str> = [
@@ -641,12 +645,30 @@ fn the_daemons_nomad_capabilities_are_documented_ones() {
     ]
     .into_iter()
     .collect();
+    // Nomad 2.0 splits submit-job (hashicorp/nomad#27287, acl/policy.go); 1.x servers refuse
+    // these names, and the shipped files support Nomad 1.8 and later.
+    let nomad_2_only: BTreeSet<&str> = [
+        "register-job",
+        "revert-job",
+        "deregister-job",
+        "purge-job",
+        "evaluate-job",
+        "plan-job",
+        "tag-job-version",
+        "stable-job",
+    ]
+    .into_iter()
+    .collect();
     let tf = terraform();
     let scope = terraform_scope(&tf);
     let (rules, _) = daemon_nomad_policy(&tf);
     assert_eq!(rules.len(), 2, "{rules:?}");
     for (label, (_, capabilities)) in &rules {
         for capability in capabilities {
+            assert!(
+                !nomad_2_only.contains(capability.as_str()),
+                "{label}: {capability} exists only from Nomad 2.0; 1.x servers refuse the policy"
+            );
             assert!(
                 documented.contains(capability.as_str()),
                 "{label}: {capability} is not a Nomad capability"
