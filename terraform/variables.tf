@@ -106,7 +106,7 @@ variable "create_vault_jwt_backend" {
 }
 
 variable "consul_auth_method" {
-  description = "Consul auth method Nomad task identities log in through: the Nomad agents' consul.task_auth_method (default nomad-workloads; recent `nomad setup consul` creates nomad-tasks and sets task_auth_method to it)."
+  description = "Consul auth method Nomad task identities log in through: the Nomad agents' consul.task_auth_method (default nomad-workloads, the method `nomad setup consul` creates: hashicorp/nomad command/setup_consul.go)."
   type        = string
   default     = "nomad-workloads"
 }
