@@ -3,8 +3,12 @@
 # Run it with the addresses of your cluster, e.g.
 #   nomad job run -var image=registry.example.com/runner-scaler:0.1.0 \
 #     -var vault_addr=https://vault.example.com:8200 nomad/runner-scaler.nomad.hcl
-# Every `variable` below has an HTTPS default; the CA paths are files on the client node,
-# mounted read-only into the container (see `volumes` below).
+# Every `variable` below has an HTTPS default. The CA bundles are not secrets and come from the
+# Nomad Variable nomad/jobs/runner-scaler in the daemon's namespace, which the task's workload
+# identity reads without any policy (Nomad's implicit access to nomad/jobs/<job id>):
+#   nomad var put -namespace runner-scaler nomad/jobs/runner-scaler \
+#     consul_ca=@consul-ca.pem vault_ca=@vault-ca.pem
+# (no host volume, so the Docker driver's `volumes` can stay disabled on the node).
 #
 # Needs Nomad >= 1.8 (the `disconnect` block); workload identities for Vault and Consul need
 # >= 1.7 with the servers' vault.default_identity and consul.task_identity (README,
@@ -42,9 +46,9 @@ variable "consul_addr" {
 }
 
 variable "consul_cacert" {
-  description = "CA bundle (a path on the client node, under ca_dir) that signed Consul's HTTPS certificate. consulrs reads only its first certificate."
+  description = "CA certificate that signed Consul's HTTPS certificate, as a path in the task. Default: rendered from the Nomad Variable's consul_ca. The Consul client reads only its first certificate."
   type        = string
-  default     = "/etc/runner-scaler/ca/consul-ca.pem"
+  default     = "$${NOMAD_TASK_DIR}/ca/consul.pem"
 }
 
 variable "vault_addr" {
@@ -54,9 +58,9 @@ variable "vault_addr" {
 }
 
 variable "vault_cacert" {
-  description = "CA bundle (under ca_dir) that signed Vault's certificate."
+  description = "CA bundle that signed Vault's certificate, as a path in the task. Default: rendered from the Nomad Variable's vault_ca."
   type        = string
-  default     = "/etc/runner-scaler/ca/vault-ca.pem"
+  default     = "$${NOMAD_TASK_DIR}/ca/vault.pem"
 }
 
 variable "vault_mount" {
@@ -69,12 +73,6 @@ variable "github_app_vault_path" {
   description = "The App's secret under vault_mount (terraform var.github_app_vault_path): fields app_id and private_key."
   type        = string
   default     = "runner-scaler/github-app"
-}
-
-variable "ca_dir" {
-  description = "Directory on the client node holding the CA bundles above, mounted read-only at the same path."
-  type        = string
-  default     = "/etc/runner-scaler/ca"
 }
 
 variable "config_key" {
@@ -159,8 +157,6 @@ job "runner-scaler" {
         image        = var.image
         args         = ["run"]
         network_mode = "host"
-        # CA bundles only: read-only, and no secret lives there.
-        volumes = ["${var.ca_dir}:${var.ca_dir}:ro"]
       }
 
       # Vault workload identity: the `runner-scaler` JWT role (terraform/vault.tf) grants read
@@ -225,6 +221,30 @@ job "runner-scaler" {
           {{- with secret "${var.vault_mount}/data/${var.github_app_vault_path}" }}
           GITHUB_APP_ID={{ .Data.data.app_id }}
           {{- end }}
+        EOT
+      }
+
+      # The CA bundles, from the Nomad Variable named at the top of this file. Public
+      # certificates: readable by the task's user, written by nobody but Nomad.
+      template {
+        destination = "local/ca/consul.pem"
+        perms       = "0444"
+        uid         = 65532
+        gid         = 65532
+        change_mode = "restart"
+        data        = <<-EOT
+          {{- with nomadVar "nomad/jobs/runner-scaler" }}{{ .consul_ca }}{{ end -}}
+        EOT
+      }
+
+      template {
+        destination = "local/ca/vault.pem"
+        perms       = "0444"
+        uid         = 65532
+        gid         = 65532
+        change_mode = "restart"
+        data        = <<-EOT
+          {{- with nomadVar "nomad/jobs/runner-scaler" }}{{ .vault_ca }}{{ end -}}
         EOT
       }
 
