@@ -15,7 +15,7 @@
 # ci-runner.nomad.hcl): `nomad job run nomad/github-runner-vault.nomad.hcl` works as shipped.
 
 job "github-runner-moat-vm" {
-  namespace   = "ci-runners"
+  namespace   = "ci-runners-vault"
   type        = "batch"
   datacenters = ["*"]
 

@@ -1,23 +1,69 @@
-# Nomad: the runners' namespace and the daemon's ACL policy.
+# Nomad: the namespaces and the daemon's ACL policy.
+#
+# Three namespaces, because who may submit jobs where decides who can take which identity:
+# - daemon_namespace (runner-scaler): the daemon's service job. Only operators submit here;
+#   the daemon's Vault role, Consul binding rule and this policy are bound to it.
+# - runner_namespace (ci-runners): app-mode and Forgejo runner parents and their children. No
+#   job here holds a Vault role, so the daemon may stop and purge children (submit-job).
+# - vault_runner_namespace (ci-runners-vault): vault-mode runner parents, whose prestart task
+#   holds a Vault role that reads a repo's admin token. The daemon gets no submit-job here:
+#   with it, it could register a job with that id and task name and read the admin token.
 
-resource "nomad_namespace" "ci_runners" {
-  name        = var.runner_namespace
-  description = "Runner parent jobs and their dispatched children. Dispatch meta (runner registration tokens) is readable with read-job here: grant it sparingly."
+resource "nomad_namespace" "daemon" {
+  count       = var.create_daemon_namespace ? 1 : 0
+  name        = var.daemon_namespace
+  description = "The runner-scaler daemon. Only operators submit jobs here: a job registered here with the daemon's id and task gets its identities."
 }
 
-# What runner-scaler does in Nomad and nothing more: list a parent's children, re-read one,
-# dispatch, and purge (`DELETE /v1/job/<id>?purge=true` needs submit-job before Nomad 2.0;
-# Nomad 2.0 adds `purge-job`, which can replace submit-job here once every server runs it).
+resource "nomad_namespace" "runners" {
+  count       = var.create_runner_namespaces ? 1 : 0
+  name        = var.runner_namespace
+  description = "Runner parent jobs (app and forgejo modes) and their dispatched children. Dispatch meta (runner credentials, wrapped when the daemon has Vault) is readable with read-job here: grant it sparingly."
+}
+
+resource "nomad_namespace" "vault_runners" {
+  count       = var.create_runner_namespaces ? 1 : 0
+  name        = var.vault_runner_namespace
+  description = "Vault-mode runner parent jobs, whose prestart task reads an admin token from Vault, and their children. Nobody but operators may submit jobs here."
+}
+
+# What runner-scaler does in Nomad and nothing more. Capabilities, from Nomad's ACL policy
+# specification (https://developer.hashicorp.com/nomad/docs/other-specifications/acl-policy):
+# - list-jobs: list a parent's children (GET /v1/jobs?prefix=…&meta=true). A listing with
+#   `namespace=*` returns jobs of every namespace the token may list and needs nothing more
+#   (https://developer.hashicorp.com/nomad/api-docs/jobs, "List Jobs").
+# - read-job: read a child and its allocations (GET /v1/job/<id>, …/allocations).
+# - dispatch-job: dispatch a parent (POST /v1/job/<id>/dispatch).
+# - submit-job: "Allows jobs to be submitted, updated, or stopped"; stopping and purging a
+#   child (DELETE /v1/job/<id>[?purge=true]) needs it on Nomad 1.x (`nomad job stop` requires
+#   submit-job and read-job, https://developer.hashicorp.com/nomad/commands/job/stop), which
+#   has no narrower capability. Nomad 2.0 splits submit-job (hashicorp/nomad#27287,
+#   acl/policy.go): Job.Deregister there accepts submit-job, purge-job, or deregister-job for
+#   a stop without purge. Those names are refused by 1.x servers, so this policy keeps the 1.x
+#   form; on a cluster whose servers all run 2.0, `deregister-job` + `purge-job` can replace
+#   submit-job in runner_namespace (no job registration at all), and `purge-job` alone would
+#   let the daemon purge dead vault-mode children without the power to register jobs there.
 #
-# The policy is attached to the daemon's job (job_acl), so the task's workload identity
-# (`identity { env = true }` in nomad/runner-scaler.nomad.hcl) is its Nomad token: no
-# long-lived Nomad token exists for the daemon.
+# The trade-off in vault_runner_namespace (Nomad 1.x): without submit-job there, the daemon
+# cannot stop or purge vault-mode children. It never stops one whose allocation runs anyway (it has no runner
+# API in vault mode; a surplus runner ends itself through its idle timeout), and dead children
+# are removed by Nomad's batch job garbage collection (server `job_gc_threshold`, 4h by
+# default) instead of being purged at once. Nothing usable is left in them: the dispatch meta
+# carries no credential in vault mode (the parent refuses runner_token), and the JIT config the
+# prestart task minted was single-use and bound to that one runner.
+#
+# The policy is attached to the daemon's job (job_acl, namespace + job id), so the task's
+# workload identity (`identity { env = true }` in nomad/runner-scaler.nomad.hcl) is its Nomad
+# token: no long-lived Nomad token exists for the daemon.
 resource "nomad_acl_policy" "runner_scaler" {
   name        = "runner-scaler"
-  description = "runner-scaler: list, read, dispatch and purge runner children"
+  description = "runner-scaler: list, read and dispatch runner children; stop and purge them where no job holds a Vault role"
   rules_hcl   = <<-EOT
-    namespace "ci-runners" {
+    namespace "${var.runner_namespace}" {
       capabilities = ["list-jobs", "read-job", "dispatch-job", "submit-job"]
+    }
+    namespace "${var.vault_runner_namespace}" {
+      capabilities = ["list-jobs", "read-job", "dispatch-job"]
     }
   EOT
 

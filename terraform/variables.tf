@@ -1,3 +1,5 @@
+# ---- Consul: the document and the daemon's keys ----
+
 variable "config_key" {
   description = "Consul KV key of the runner-scaler document (the daemon's RUNNER_SCALER_CONFIG_KEY)."
   type        = string
@@ -17,15 +19,29 @@ variable "leader_key" {
 }
 
 variable "config_file" {
-  description = "The document written to config_key on first apply; later edits are made in Consul and not reverted (see consul.tf)."
+  description = "The example document seed_config writes to config_key when that key does not exist yet."
   type        = string
   default     = "runners-config.json"
 }
 
+variable "seed_config" {
+  description = "Write config_file to config_key. Only for the first apply on a cluster without a document: the plan fails if the key already holds one. Set it back to false afterwards; the key stays (consul.tf)."
+  type        = bool
+  default     = false
+}
+
+# ---- Nomad: namespaces and the daemon's job ----
+
 variable "daemon_namespace" {
-  description = "Nomad namespace of the runner-scaler service job."
+  description = "Nomad namespace of the runner-scaler service job. Only operators may submit jobs here: whoever can register a job with the daemon's id and task name in it receives the daemon's identities."
   type        = string
-  default     = "default"
+  default     = "runner-scaler"
+}
+
+variable "create_daemon_namespace" {
+  description = "Create daemon_namespace (false: it exists already)."
+  type        = bool
+  default     = true
 }
 
 variable "daemon_job_id" {
@@ -34,14 +50,111 @@ variable "daemon_job_id" {
   default     = "runner-scaler"
 }
 
+variable "daemon_task" {
+  description = "Task name of the daemon in its job (nomad/runner-scaler.nomad.hcl)."
+  type        = string
+  default     = "runner-scaler"
+}
+
 variable "runner_namespace" {
-  description = "Nomad namespace the runner parent jobs and their children live in."
+  description = "Nomad namespace of the app-mode and Forgejo runner parents and their children (the daemon's RUNNER_SCALER_RUNNER_NAMESPACE). No job here holds a Vault role."
   type        = string
   default     = "ci-runners"
 }
 
-variable "nomad_jwks_url" {
-  description = "Where Vault fetches the keys that sign Nomad workload identities."
+variable "vault_runner_namespace" {
+  description = "Nomad namespace of the vault-mode runner parents, whose prestart task holds a Vault role for an admin token. The daemon may list, read and dispatch here, never submit (nomad.tf). Repos whose parents live here carry \"nomadNamespace\" with this value in the document."
   type        = string
-  default     = "http://nomad.service.consul:4646/.well-known/jwks.json"
+  default     = "ci-runners-vault"
+}
+
+variable "create_runner_namespaces" {
+  description = "Create runner_namespace and vault_runner_namespace (false: they exist already)."
+  type        = bool
+  default     = true
+}
+
+# ---- Workload identity: how Vault and Consul trust Nomad's JWTs ----
+
+variable "nomad_jwks_url" {
+  description = "Nomad's JWKS endpoint, where Vault and Consul fetch the keys that sign workload identities. HTTPS: a plain-HTTP URL lets anyone on the path substitute keys and mint any identity."
+  type        = string
+  default     = "https://nomad.service.consul:4646/.well-known/jwks.json"
+
+  validation {
+    condition     = startswith(var.nomad_jwks_url, "https://")
+    error_message = "nomad_jwks_url must be an https:// URL."
+  }
+}
+
+variable "jwks_ca_pem" {
+  description = "PEM bundle of the CA that signed the certificate served at nomad_jwks_url (Nomad's own TLS CA, usually). Empty: the system roots of Vault and Consul."
+  type        = string
+  default     = ""
+}
+
+variable "vault_jwt_backend_path" {
+  description = "Vault auth mount Nomad workload identities log in through (`nomad setup vault` creates jwt-nomad; the Nomad client's vault.jwt_auth_backend_path names it)."
+  type        = string
+  default     = "jwt-nomad"
+}
+
+variable "create_vault_jwt_backend" {
+  description = "Create the JWT auth mount at vault_jwt_backend_path (false: `nomad setup vault` or an earlier setup made it)."
+  type        = bool
+  default     = false
+}
+
+variable "consul_auth_method" {
+  description = "Consul auth method Nomad task identities log in through: the Nomad agents' consul.task_auth_method (default nomad-workloads, the method `nomad setup consul` creates: hashicorp/nomad command/setup_consul.go)."
+  type        = string
+  default     = "nomad-workloads"
+}
+
+variable "create_consul_auth_method" {
+  description = "Create the JWT auth method named consul_auth_method (false: it exists already)."
+  type        = bool
+  default     = false
+}
+
+# ---- Vault: the KV v2 mount and the secrets' paths ----
+
+variable "vault_kv_mount" {
+  description = "KV v2 mount holding the secrets (the daemon's VAULT_MOUNT)."
+  type        = string
+  default     = "secret"
+}
+
+variable "create_vault_kv_mount" {
+  description = "Create a KV v2 mount at vault_kv_mount (false: it exists already)."
+  type        = bool
+  default     = false
+}
+
+variable "github_app_vault_path" {
+  description = "Path under vault_kv_mount of the GitHub App's secret: fields app_id and private_key (PEM), optional installation_id."
+  type        = string
+  default     = "runner-scaler/github-app"
+}
+
+variable "daemon_secret_paths" {
+  description = "Paths under vault_kv_mount the daemon reads, field `token` at each: every vault-mode repo's `vaultPath` (its polling token) and every Forgejo repo's `vaultPath` (its API token). Exact paths: never a registerVaultPath, never a prefix."
+  type        = list(string)
+  default     = ["github/moat-poll", "forgejo/scaler"]
+}
+
+variable "vault_mode_runners" {
+  description = "One entry per vault-mode runner parent job, keyed by the Vault role its prestart task logs in with: the parent's job id, the name of the task holding the vault block, and the repo's `registerVaultPath` (under vault_kv_mount, field `token`: the admin token). The role is bound to vault_runner_namespace, that job id and that task."
+  type = map(object({
+    job_id        = string
+    task          = string
+    register_path = string
+  }))
+  default = {
+    "runner-moat" = {
+      job_id        = "github-runner-moat-vm"
+      task          = "mint"
+      register_path = "github/moat-runner"
+    }
+  }
 }

@@ -1,0 +1,1191 @@
+//! The deployment files read as an operator applies them: `Dockerfile`, `nomad/`, `terraform/`.
+//! Terraform cannot validate here (no providers), so these tests parse every file and resolve
+//! the values that matter (variable defaults, `for_each` entries, `dynamic` blocks) by hand:
+//! who may write jobs where, what each identity is bound to, which Vault paths a policy names.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use hcl::{Block, BlockLabel, Body, Expression, ObjectKey, TemplateExpr};
+
+fn repo_path(relative: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(relative)
+}
+
+fn read(relative: &str) -> String {
+    let path = repo_path(relative);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+fn parse_text(text: &str, what: &str) -> Body {
+    hcl::from_str::<Body>(text).unwrap_or_else(|e| panic!("{what} is not valid HCL: {e}"))
+}
+
+fn parse(relative: &str) -> Body {
+    parse_text(&read(relative), relative)
+}
+
+fn label_text(label: &BlockLabel) -> &str {
+    match label {
+        BlockLabel::Identifier(ident) => ident.as_str(),
+        BlockLabel::String(s) => s,
+    }
+}
+
+fn blocks<'a>(body: &'a Body, ident: &str) -> Vec<&'a Block> {
+    body.blocks().filter(|b| b.identifier() == ident).collect()
+}
+
+fn block<'a>(body: &'a Body, ident: &str) -> &'a Block {
+    let found = blocks(body, ident);
+    assert_eq!(found.len(), 1, "expected one {ident} block");
+    found[0]
+}
+
+fn labelled<'a>(body: &'a Body, ident: &str, labels: &[&str]) -> &'a Block {
+    blocks(body, ident)
+        .into_iter()
+        .find(|b| b.labels().iter().map(label_text).eq(labels.iter().copied()))
+        .unwrap_or_else(|| panic!("no {ident} {labels:?} block"))
+}
+
+fn optional_attr<'a>(body: &'a Body, key: &str) -> Option<&'a Expression> {
+    body.attributes().find(|a| a.key() == key).map(|a| a.expr())
+}
+
+fn attr<'a>(body: &'a Body, key: &str) -> &'a Expression {
+    optional_attr(body, key).unwrap_or_else(|| panic!("no attribute {key}"))
+}
+
+/// A string literal or template as written, `${…}` included; anything else as HCL source
+/// (`var.x`, `each.value.job_id`, `a ? b : c`).
+fn raw(expr: &Expression) -> String {
+    match expr {
+        Expression::String(s) => s.clone(),
+        Expression::TemplateExpr(template) => match template.as_ref() {
+            TemplateExpr::QuotedString(s) => s.clone(),
+            TemplateExpr::Heredoc(heredoc) => heredoc.template.clone(),
+        },
+        other => hcl::format::to_string(other).expect("an expression formats"),
+    }
+}
+
+/// Names bound while resolving: `var.x`, `local.y`, `each.key`, `each.value.f`, `rule.value`.
+type Scope = BTreeMap<String, String>;
+
+/// The value of an expression: a reference is looked up in `scope`, a template has each of its
+/// `${…}` looked up. A name the scope lacks fails the test: nothing unresolved slips through.
+fn resolve(expr: &Expression, scope: &Scope, what: &str) -> String {
+    match expr {
+        Expression::String(_) | Expression::TemplateExpr(_) => {
+            resolve_template(&raw(expr), scope, what)
+        }
+        Expression::Bool(b) => b.to_string(),
+        Expression::Number(n) => n.to_string(),
+        other => {
+            let name = raw(other);
+            scope
+                .get(name.trim())
+                .cloned()
+                .unwrap_or_else(|| panic!("{what}: cannot resolve {name}"))
+        }
+    }
+}
+
+/// The names the tests resolve; any other `${…}` is left for Nomad or Terraform.
+const BOUND_ROOTS: &[&str] = &["var.", "local.", "each.", "rule."];
+
+fn resolve_template(text: &str, scope: &Scope, what: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        // `$${` is HCL's escape for a literal `${`.
+        if start > 0 && rest[..start].ends_with('$') {
+            out.push_str(&rest[..start - 1]);
+            out.push_str("${");
+            rest = &rest[start + 2..];
+            continue;
+        }
+        out.push_str(&rest[..start]);
+        let end = rest[start..]
+            .find('}')
+            .unwrap_or_else(|| panic!("{what}: unclosed ${{ in {text}"));
+        let name = rest[start + 2..start + end].trim();
+        match scope.get(name) {
+            Some(value) => out.push_str(value),
+            // Nomad's runtime variables (`NOMAD_SECRETS_DIR`, `attr.…`) and Terraform's
+            // `path.module` are filled in later, by the client or by Terraform: kept as written.
+            None if !BOUND_ROOTS.iter().any(|root| name.starts_with(root)) => {
+                out.push_str(&rest[start..start + end + 1]);
+            }
+            None => panic!("{what}: cannot resolve ${{{name}}} in {text}"),
+        }
+        rest = &rest[start + end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn object_entries(expr: &Expression) -> Vec<(String, &Expression)> {
+    let Expression::Object(object) = expr else {
+        panic!("not an object: {expr:?}");
+    };
+    object
+        .iter()
+        .map(|(key, value)| {
+            let key = match key {
+                ObjectKey::Identifier(ident) => ident.as_str().to_string(),
+                ObjectKey::Expression(e) => raw(e),
+                other => panic!("an object key: {other:?}"),
+            };
+            (key, value)
+        })
+        .collect()
+}
+
+fn strings(expr: &Expression) -> Vec<String> {
+    match expr {
+        Expression::Array(items) => items.iter().map(raw).collect(),
+        other => panic!("not a list: {other:?}"),
+    }
+}
+
+// ---- terraform ----
+
+/// Every `.tf` file under `terraform/`, parsed and merged into one body (Terraform reads a
+/// module's files as one).
+fn terraform() -> Body {
+    let mut merged = Vec::new();
+    let mut seen = 0;
+    for entry in std::fs::read_dir(repo_path("terraform")).expect("terraform/ is readable") {
+        let path = entry.expect("a directory entry").path();
+        if path.extension().is_some_and(|e| e == "tf") {
+            seen += 1;
+            let name = format!("terraform/{}", path.file_name().unwrap().to_string_lossy());
+            merged.extend(parse(&name));
+        }
+    }
+    assert!(seen >= 5, "only {seen} .tf files");
+    Body::from(merged)
+}
+
+fn variable_defaults(tf: &Body) -> BTreeMap<String, Expression> {
+    blocks(tf, "variable")
+        .into_iter()
+        .filter_map(|v| {
+            optional_attr(v.body(), "default")
+                .map(|d| (label_text(&v.labels()[0]).to_string(), d.clone()))
+        })
+        .collect()
+}
+
+/// `var.<name>` for every variable whose default is a string or a bool, and each `local`
+/// resolved as on a cluster where the optional resources already exist (the `false` branch
+/// of `var.create_… ? resource : var.…`).
+fn terraform_scope(tf: &Body) -> Scope {
+    let mut scope = Scope::new();
+    for (name, default) in variable_defaults(tf) {
+        match &default {
+            Expression::String(_) | Expression::TemplateExpr(_) | Expression::Bool(_) => {
+                scope.insert(format!("var.{name}"), raw(&default));
+            }
+            _ => {}
+        }
+    }
+    for locals in blocks(tf, "locals") {
+        for local in locals.body().attributes() {
+            let value = match local.expr() {
+                Expression::Conditional(conditional) => {
+                    resolve(&conditional.false_expr, &scope, local.key())
+                }
+                other => resolve(other, &scope, local.key()),
+            };
+            scope.insert(format!("local.{}", local.key()), value);
+        }
+    }
+    scope
+}
+
+fn resource<'a>(tf: &'a Body, kind: &str, name: &str) -> &'a Block {
+    labelled(tf, "resource", &[kind, name])
+}
+
+/// The scopes of a block's instances: one per `for_each` entry of a map variable (with
+/// `each.key` and `each.value.<field>`), or the block's own scope when it has no `for_each`.
+fn instances(block: &Block, tf: &Body, scope: &Scope) -> Vec<Scope> {
+    let Some(for_each) = optional_attr(block.body(), "for_each") else {
+        return vec![scope.clone()];
+    };
+    let name = raw(for_each);
+    let variable = name
+        .strip_prefix("var.")
+        .unwrap_or_else(|| panic!("for_each over {name}, not a variable"));
+    let defaults = variable_defaults(tf);
+    let default = defaults
+        .get(variable)
+        .unwrap_or_else(|| panic!("variable {variable} has no default"));
+    object_entries(default)
+        .into_iter()
+        .map(|(key, value)| {
+            let mut scope = scope.clone();
+            scope.insert("each.key".into(), key);
+            for (field, v) in object_entries(value) {
+                scope.insert(format!("each.value.{field}"), raw(v));
+            }
+            scope
+        })
+        .collect()
+}
+
+/// The paths of a `vault_policy_document`'s rules, `dynamic "rule"` blocks expanded over their
+/// list variable.
+fn policy_paths(document: &Block, tf: &Body, scope: &Scope) -> Vec<String> {
+    let body = document.body();
+    let mut paths: Vec<String> = blocks(body, "rule")
+        .into_iter()
+        .map(|rule| resolve(attr(rule.body(), "path"), scope, "rule path"))
+        .collect();
+    for dynamic in blocks(body, "dynamic") {
+        assert_eq!(label_text(&dynamic.labels()[0]), "rule");
+        let over = raw(attr(dynamic.body(), "for_each"));
+        let variable = over.strip_prefix("var.").expect("for_each over a variable");
+        let defaults = variable_defaults(tf);
+        let items = strings(&defaults[variable]);
+        assert!(!items.is_empty(), "{variable} is empty");
+        let content = block(dynamic.body(), "content").body();
+        for item in items {
+            let mut scope = scope.clone();
+            scope.insert("rule.value".into(), item);
+            paths.push(resolve(attr(content, "path"), &scope, "dynamic rule path"));
+        }
+    }
+    paths
+}
+
+/// `vault_policy.<name>[…].name` → `<name>`, and the same for data sources.
+fn referenced(expr_text: &str, prefix: &str) -> String {
+    let start = expr_text
+        .find(prefix)
+        .unwrap_or_else(|| panic!("{expr_text} names no {prefix}"))
+        + prefix.len();
+    expr_text[start..]
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect()
+}
+
+struct VaultRole {
+    name: String,
+    namespace: String,
+    job_id: String,
+    task: Option<String>,
+    paths: Vec<String>,
+}
+
+/// Every JWT role in `terraform/`, each instance resolved: its bound claims and the paths its
+/// token's policies may read.
+fn vault_roles(tf: &Body) -> Vec<VaultRole> {
+    let base = terraform_scope(tf);
+    let mut roles = Vec::new();
+    for role in blocks(tf, "resource")
+        .into_iter()
+        .filter(|b| label_text(&b.labels()[0]) == "vault_jwt_auth_backend_role")
+    {
+        for scope in instances(role, tf, &base) {
+            let body = role.body();
+            let claims: BTreeMap<String, String> = object_entries(attr(body, "bound_claims"))
+                .into_iter()
+                .map(|(k, v)| (k, resolve(v, &scope, "bound claim")))
+                .collect();
+            let mut paths = Vec::new();
+            for policy in strings(attr(body, "token_policies")) {
+                let policy = resource(tf, "vault_policy", &referenced(&policy, "vault_policy."));
+                let document_ref = raw(attr(policy.body(), "policy"));
+                let document = labelled(
+                    tf,
+                    "data",
+                    &[
+                        "vault_policy_document",
+                        &referenced(&document_ref, "vault_policy_document."),
+                    ],
+                );
+                paths.extend(policy_paths(document, tf, &scope));
+            }
+            roles.push(VaultRole {
+                name: resolve(attr(body, "role_name"), &scope, "role_name"),
+                namespace: claims.get("nomad_namespace").cloned().unwrap_or_default(),
+                job_id: claims.get("nomad_job_id").cloned().unwrap_or_default(),
+                task: claims.get("nomad_task").cloned(),
+                paths,
+            });
+        }
+    }
+    assert!(
+        roles.len() >= 2,
+        "the daemon's role and a vault-mode runner's"
+    );
+    roles
+}
+
+/// The example document's repos.
+fn document() -> serde_json::Map<String, serde_json::Value> {
+    serde_json::from_str::<serde_json::Value>(&read("terraform/runners-config.json"))
+        .expect("the seed document is JSON")
+        .as_object()
+        .expect("an object of repos")
+        .clone()
+}
+
+/// `<mount>/data/<path>` of every `registerVaultPath` the seed document and the Terraform
+/// variables name: the admin tokens.
+fn register_paths(tf: &Body, scope: &Scope) -> BTreeSet<String> {
+    let mount = &scope["var.vault_kv_mount"];
+    let mut paths: BTreeSet<String> = document()
+        .values()
+        .filter_map(|repo| repo["registerVaultPath"].as_str())
+        .map(|p| format!("{mount}/data/{p}"))
+        .collect();
+    for entry in object_entries(&variable_defaults(tf)["vault_mode_runners"]) {
+        let fields: BTreeMap<String, String> = object_entries(entry.1)
+            .into_iter()
+            .map(|(k, v)| (k, raw(v)))
+            .collect();
+        paths.insert(format!("{mount}/data/{}", fields["register_path"]));
+    }
+    assert!(!paths.is_empty());
+    paths
+}
+
+/// A namespace rule of a Nomad ACL policy: its coarse `policy`, if any, and its capabilities.
+type NamespaceRule = (Option<String>, BTreeSet<String>);
+
+/// The daemon's Nomad ACL policy, its `${var.…}` resolved, by namespace label: the coarse
+/// `policy` and the capabilities.
+fn daemon_nomad_policy(tf: &Body) -> (BTreeMap<String, NamespaceRule>, Block) {
+    let scope = terraform_scope(tf);
+    let policy = resource(tf, "nomad_acl_policy", "runner_scaler");
+    let rules = resolve(attr(policy.body(), "rules_hcl"), &scope, "rules_hcl");
+    let rules = parse_text(&rules, "rules_hcl");
+    let mut namespaces = BTreeMap::new();
+    for rule in rules.blocks() {
+        assert_eq!(
+            rule.identifier(),
+            "namespace",
+            "the daemon needs namespace rules only, not {}",
+            rule.identifier()
+        );
+        let label = label_text(&rule.labels()[0]).to_string();
+        let coarse = optional_attr(rule.body(), "policy").map(raw);
+        let capabilities = optional_attr(rule.body(), "capabilities")
+            .map(strings)
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        namespaces.insert(label, (coarse, capabilities));
+    }
+    (namespaces, policy.clone())
+}
+
+/// Nomad's namespace-rule lookup: an exact label first, else the glob with the most matched
+/// characters (acl-policy spec). Only `*` globs are used here.
+fn rule_for<'a, T>(rules: &'a BTreeMap<String, T>, namespace: &str) -> Option<&'a T> {
+    if let Some(rule) = rules.get(namespace) {
+        return Some(rule);
+    }
+    rules
+        .iter()
+        .filter(|(label, _)| label.contains('*') && glob_matches(label, namespace))
+        .max_by_key(|(label, _)| label.replace('*', "").len())
+        .map(|(_, rule)| rule)
+}
+
+fn glob_matches(pattern: &str, text: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    let mut rest = text;
+    for (i, part) in parts.iter().enumerate() {
+        if i == 0 {
+            let Some(r) = rest.strip_prefix(part) else {
+                return false;
+            };
+            rest = r;
+        } else if i == parts.len() - 1 {
+            return rest.ends_with(part);
+        } else if let Some(at) = rest.find(part) {
+            rest = &rest[at + part.len()..];
+        } else {
+            return false;
+        }
+    }
+    rest.is_empty()
+}
+
+/// Capabilities that write to jobs or reach into a running allocation: with any of them in a
+/// namespace whose jobs hold a Vault role for an admin token, the daemon could register a job
+/// that logs in as that role, or read what its task holds.
+const JOB_WRITING: &[&str] = &[
+    "submit-job",
+    // Nomad 2.0 splits submit-job; these two (re)register jobs.
+    "register-job",
+    "revert-job",
+    "scale-job",
+    "alloc-exec",
+    "alloc-node-exec",
+    "alloc-lifecycle",
+    "read-fs",
+    "csi-register-plugin",
+];
+
+// ---- nomad ----
+
+/// A job file's `variable` defaults as `var.<name>`.
+fn job_scope(file: &Body) -> Scope {
+    blocks(file, "variable")
+        .into_iter()
+        .filter_map(|v| {
+            optional_attr(v.body(), "default")
+                .map(|d| (format!("var.{}", label_text(&v.labels()[0])), raw(d)))
+        })
+        .collect()
+}
+
+fn job_files() -> Vec<(String, Body)> {
+    let mut files: Vec<(String, Body)> = std::fs::read_dir(repo_path("nomad"))
+        .expect("nomad/ is readable")
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.to_string_lossy().ends_with(".nomad.hcl"))
+        .map(|path| {
+            let name = format!("nomad/{}", path.file_name().unwrap().to_string_lossy());
+            let body = parse(&name);
+            (name, body)
+        })
+        .collect();
+    files.sort_by(|a, b| a.0.cmp(&b.0));
+    assert!(files.len() >= 4, "{files:?}");
+    files
+}
+
+struct Task {
+    file: String,
+    namespace: String,
+    job: String,
+    task: String,
+    body: Body,
+}
+
+fn tasks() -> Vec<Task> {
+    let mut tasks = Vec::new();
+    for (file, body) in job_files() {
+        let scope = job_scope(&body);
+        let job = block(&body, "job");
+        let namespace = resolve(attr(job.body(), "namespace"), &scope, &file);
+        for group in blocks(job.body(), "group") {
+            for task in blocks(group.body(), "task") {
+                tasks.push(Task {
+                    file: file.clone(),
+                    namespace: namespace.clone(),
+                    job: label_text(&job.labels()[0]).to_string(),
+                    task: label_text(&task.labels()[0]).to_string(),
+                    body: task.body().clone(),
+                });
+            }
+        }
+    }
+    tasks
+}
+
+fn vault_role_of(task: &Task) -> Option<String> {
+    blocks(&task.body, "vault")
+        .first()
+        .map(|v| raw(attr(v.body(), "role")))
+}
+
+const DAEMON_JOB: &str = "nomad/runner-scaler.nomad.hcl";
+
+// ---- the tests ----
+
+/// Every file under `nomad/` (job files) and `terraform/` (`.tf` and the example tfvars) is
+/// HCL that parses.
+#[test]
+fn every_deploy_file_parses() {
+    let mut parsed = 0;
+    for dir in ["nomad", "terraform"] {
+        let mut stack = vec![repo_path(dir)];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).expect("a readable directory") {
+                let path = entry.expect("a directory entry").path();
+                if path.is_dir() {
+                    stack.push(path);
+                    continue;
+                }
+                let name = path.to_string_lossy().to_string();
+                if name.ends_with(".hcl")
+                    || name.ends_with(".tf")
+                    || name.ends_with(".tfvars.example")
+                {
+                    let text = std::fs::read_to_string(&path).expect("readable");
+                    parse_text(&text, &name);
+                    parsed += 1;
+                }
+            }
+        }
+    }
+    assert!(parsed >= 10, "only {parsed} HCL files found");
+}
+
+/// The namespaces whose jobs hold a Vault role that reads an admin token (a
+/// `registerVaultPath`) are derived from the files, and there the daemon's Nomad policy has no
+/// capability that writes jobs: it can list, read and dispatch, never register a job that logs
+/// in as that role.
+#[test]
+fn the_daemon_writes_no_jobs_where_a_job_holds_an_admin_token_role() {
+    let tf = terraform();
+    let scope = terraform_scope(&tf);
+    let register = register_paths(&tf, &scope);
+    let roles = vault_roles(&tf);
+
+    let admin_roles: Vec<&VaultRole> = roles
+        .iter()
+        .filter(|r| r.paths.iter().any(|p| register.contains(p)))
+        .collect();
+    assert!(!admin_roles.is_empty(), "no role reads {register:?}");
+    let mut admin_namespaces: BTreeSet<String> =
+        admin_roles.iter().map(|r| r.namespace.clone()).collect();
+
+    // The job files agree: every task holding one of those roles runs in such a namespace, and
+    // the namespace in the files is where its role is bound.
+    let role_names: BTreeSet<&str> = admin_roles.iter().map(|r| r.name.as_str()).collect();
+    let mut holders = 0;
+    for task in tasks() {
+        if let Some(role) = vault_role_of(&task)
+            && role_names.contains(role.as_str())
+        {
+            holders += 1;
+            admin_namespaces.insert(task.namespace.clone());
+            let bound = admin_roles.iter().find(|r| r.name == role).unwrap();
+            assert_eq!(task.namespace, bound.namespace, "{}", task.file);
+            assert_eq!(task.job, bound.job_id, "{}", task.file);
+            assert_eq!(
+                Some(task.task.clone()),
+                bound.task,
+                "{}: {}",
+                task.file,
+                role
+            );
+        }
+    }
+    assert!(holders >= 1, "no job file holds an admin-token role");
+    // So does the document: a repo with a registerVaultPath names such a namespace.
+    for (repo, fields) in document() {
+        if fields.get("registerVaultPath").is_some() {
+            let namespace = fields["nomadNamespace"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{repo}: a vault-mode repo without nomadNamespace"));
+            assert!(admin_namespaces.contains(namespace), "{repo}: {namespace}");
+        }
+    }
+
+    let (rules, _) = daemon_nomad_policy(&tf);
+    for namespace in &admin_namespaces {
+        assert_ne!(
+            namespace, "default",
+            "an admin-token role in the default namespace"
+        );
+        let (coarse, capabilities) = rule_for(&rules, namespace)
+            .unwrap_or_else(|| panic!("the daemon has no rule for {namespace}"));
+        assert_ne!(
+            coarse.as_deref(),
+            Some("write"),
+            "{namespace}: policy = write"
+        );
+        for capability in JOB_WRITING {
+            assert!(
+                !capabilities.contains(*capability),
+                "the daemon has {capability} in {namespace}, whose jobs hold an admin-token role"
+            );
+        }
+        for needed in ["list-jobs", "read-job", "dispatch-job"] {
+            assert!(capabilities.contains(needed), "{namespace}: no {needed}");
+        }
+    }
+    // And nowhere does it hold a coarse policy or a glob that reaches those namespaces.
+    for (label, (coarse, _)) in &rules {
+        assert!(coarse.is_none(), "{label}: a coarse policy {coarse:?}");
+        assert!(!label.contains('*'), "a glob namespace rule {label}");
+    }
+}
+
+/// Every capability the daemon's Nomad policy names is one Nomad defines for namespace rules
+/// (https://developer.hashicorp.com/nomad/docs/other-specifications/acl-policy, and Nomad 2.0's
+/// split of submit-job), and it has submit-job (stop and purge on 1.x) only in the runners'
+/// namespace.
+#[test]
+fn the_daemons_nomad_capabilities_are_documented_ones() {
+    let documented: BTreeSet<&str> = [
+        "deny",
+        "list-jobs",
+        "parse-job",
+        "read-job",
+        "submit-job",
+        "dispatch-job",
+        "read-logs",
+        "read-fs",
+        "alloc-exec",
+        "alloc-node-exec",
+        "alloc-lifecycle",
+        "csi-register-plugin",
+        "csi-write-volume",
+        "csi-read-volume",
+        "csi-list-volume",
+        "csi-mount-volume",
+        "list-scaling-policies",
+        "read-scaling-policy",
+        "read-job-scaling",
+        "scale-job",
+        "sentinel-override",
+    ]
+    .into_iter()
+    .collect();
+    // Nomad 2.0 splits submit-job (hashicorp/nomad#27287, acl/policy.go); 1.x servers refuse
+    // these names, and the shipped files support Nomad 1.8 and later.
+    let nomad_2_only: BTreeSet<&str> = [
+        "register-job",
+        "revert-job",
+        "deregister-job",
+        "purge-job",
+        "evaluate-job",
+        "plan-job",
+        "tag-job-version",
+        "stable-job",
+    ]
+    .into_iter()
+    .collect();
+    let tf = terraform();
+    let scope = terraform_scope(&tf);
+    let (rules, _) = daemon_nomad_policy(&tf);
+    assert_eq!(rules.len(), 2, "{rules:?}");
+    for (label, (_, capabilities)) in &rules {
+        for capability in capabilities {
+            assert!(
+                !nomad_2_only.contains(capability.as_str()),
+                "{label}: {capability} exists only from Nomad 2.0; 1.x servers refuse the policy"
+            );
+            assert!(
+                documented.contains(capability.as_str()),
+                "{label}: {capability} is not a Nomad capability"
+            );
+        }
+    }
+    let runners = &rules[&scope["var.runner_namespace"]].1;
+    assert!(
+        runners.contains("submit-job"),
+        "stopping and purging children"
+    );
+    assert!(!rules.contains_key("default"));
+}
+
+/// The daemon's identities (Vault role, Consul binding rule, Nomad policy) are bound to its
+/// own namespace, its job id and its task, as the daemon's job file names them, and that
+/// namespace is not `default`.
+#[test]
+fn the_daemons_identities_are_bound_to_its_namespace_job_and_task() {
+    let tf = terraform();
+    let scope = terraform_scope(&tf);
+    let daemon = tasks()
+        .into_iter()
+        .find(|t| t.file == DAEMON_JOB)
+        .expect("the daemon's task");
+    assert_ne!(daemon.namespace, "default");
+    assert_ne!(daemon.namespace, scope["var.runner_namespace"]);
+    assert_ne!(daemon.namespace, scope["var.vault_runner_namespace"]);
+    assert_eq!(daemon.namespace, scope["var.daemon_namespace"]);
+    assert_eq!(daemon.job, scope["var.daemon_job_id"]);
+    assert_eq!(daemon.task, scope["var.daemon_task"]);
+
+    let role_name = vault_role_of(&daemon).expect("the daemon has a vault block");
+    let roles = vault_roles(&tf);
+    let role = roles
+        .iter()
+        .find(|r| r.name == role_name)
+        .expect("its role");
+    assert_eq!(role.namespace, daemon.namespace);
+    assert_eq!(role.job_id, daemon.job);
+    assert_eq!(role.task.as_deref(), Some(daemon.task.as_str()));
+
+    let rule = resource(&tf, "consul_acl_binding_rule", "runner_scaler");
+    let selector = resolve(attr(rule.body(), "selector"), &scope, "selector");
+    let clauses: BTreeSet<String> = selector
+        .split(" and ")
+        .map(|c| c.replace(' ', ""))
+        .collect();
+    assert_eq!(
+        clauses,
+        BTreeSet::from([
+            format!("value.nomad_namespace==\"{}\"", daemon.namespace),
+            format!("value.nomad_job_id==\"{}\"", daemon.job),
+            format!("value.nomad_task==\"{}\"", daemon.task),
+        ]),
+        "{selector}"
+    );
+
+    let (_, policy) = daemon_nomad_policy(&tf);
+    let job_acl = block(policy.body(), "job_acl").body();
+    assert_eq!(
+        resolve(attr(job_acl, "namespace"), &scope, "job_acl"),
+        daemon.namespace
+    );
+    assert_eq!(
+        resolve(attr(job_acl, "job_id"), &scope, "job_acl"),
+        daemon.job
+    );
+}
+
+/// Every path in every Vault policy is exact (no `*`, no `+`), under the KV v2 mount variable's
+/// `data/`; the daemon's covers the App key and each repo's vaultPath, and no admin token.
+#[test]
+fn every_vault_policy_path_is_exact() {
+    let tf = terraform();
+    let scope = terraform_scope(&tf);
+    let mount = &scope["var.vault_kv_mount"];
+    let register = register_paths(&tf, &scope);
+    let mut documents = 0;
+    for document in blocks(&tf, "data")
+        .into_iter()
+        .filter(|b| label_text(&b.labels()[0]) == "vault_policy_document")
+    {
+        for instance in instances(document, &tf, &scope) {
+            documents += 1;
+            for path in policy_paths(document, &tf, &instance) {
+                assert!(
+                    !path.contains('*') && !path.contains('+'),
+                    "a glob in a Vault policy: {path}"
+                );
+                assert!(path.starts_with(&format!("{mount}/data/")), "{path}");
+            }
+        }
+    }
+    assert!(documents >= 2);
+
+    let daemon = vault_roles(&tf)
+        .into_iter()
+        .find(|r| r.name == "runner-scaler")
+        .expect("the daemon's role");
+    for path in &register {
+        assert!(
+            daemon.paths.iter().all(|p| p != path),
+            "the daemon's policy reads the admin token at {path}"
+        );
+    }
+    let app = format!("{mount}/data/{}", scope["var.github_app_vault_path"]);
+    assert!(daemon.paths.contains(&app), "{:?}", daemon.paths);
+    for (repo, fields) in document() {
+        if let Some(path) = fields.get("vaultPath").and_then(|p| p.as_str()) {
+            let path = format!("{mount}/data/{path}");
+            assert!(
+                daemon.paths.contains(&path),
+                "{repo}: the daemon cannot read {path}"
+            );
+        }
+    }
+}
+
+/// No value a variable names is written out elsewhere in `terraform/`: a changed variable
+/// changes every place that uses it.
+#[test]
+fn terraform_names_no_value_a_variable_names() {
+    let tf = terraform();
+    let scope = terraform_scope(&tf);
+    for entry in std::fs::read_dir(repo_path("terraform")).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if !name.ends_with(".tf") || name == "variables.tf" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let code: String = text
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for variable in [
+            "config_key",
+            "pause_key",
+            "leader_key",
+            "vault_jwt_backend_path",
+            "consul_auth_method",
+            "github_app_vault_path",
+        ] {
+            let value = &scope[&format!("var.{variable}")];
+            assert!(
+                !code.contains(&format!("\"{value}\"")) && !code.contains(&format!("\"{value}/")),
+                "{name} writes out {value} instead of var.{variable}"
+            );
+        }
+        let mount = &scope["var.vault_kv_mount"];
+        assert!(
+            !code.contains(&format!("\"{mount}/data")),
+            "{name}: {mount}/data"
+        );
+        // A namespace's name may also be another thing's name (the daemon's role is called
+        // runner-scaler too): it counts only where a namespace is meant.
+        for variable in [
+            "daemon_namespace",
+            "runner_namespace",
+            "vault_runner_namespace",
+        ] {
+            let value = &scope[&format!("var.{variable}")];
+            for line in code.lines().filter(|l| l.contains("namespace")) {
+                assert!(
+                    !line.contains(&format!("\"{value}\"")),
+                    "{name} writes out namespace {value} instead of var.{variable}: {line}"
+                );
+            }
+        }
+    }
+}
+
+/// Vault and Consul fetch Nomad's signing keys over HTTPS, checked against a CA variable; the
+/// JWT backend and the auth method are created only when asked, under the names variables give.
+#[test]
+fn workload_identity_trust_is_https_and_optional() {
+    let tf = terraform();
+    let scope = terraform_scope(&tf);
+    assert!(scope["var.nomad_jwks_url"].starts_with("https://"));
+    let backend = resource(&tf, "vault_jwt_auth_backend", "nomad").body();
+    assert_eq!(
+        raw(attr(backend, "count")),
+        "var.create_vault_jwt_backend ? 1 : 0"
+    );
+    assert_eq!(raw(attr(backend, "jwks_ca_pem")), "var.jwks_ca_pem");
+    assert_eq!(raw(attr(backend, "path")), "var.vault_jwt_backend_path");
+    let method = resource(&tf, "consul_acl_auth_method", "nomad_workloads").body();
+    assert_eq!(
+        raw(attr(method, "count")),
+        "var.create_consul_auth_method ? 1 : 0"
+    );
+    let config = raw(attr(method, "config_json"));
+    assert!(config.contains("JWKSCACert = var.jwks_ca_pem"), "{config}");
+    for create in [
+        "create_vault_jwt_backend",
+        "create_consul_auth_method",
+        "create_vault_kv_mount",
+    ] {
+        assert_eq!(scope[&format!("var.{create}")], "false", "{create}");
+    }
+}
+
+/// The seed document is written only when asked, and never over a live one: a precondition
+/// reads the key first, and the key outlives the resource (no `delete = true`).
+#[test]
+fn the_seed_document_never_overwrites_a_live_one() {
+    let tf = terraform();
+    let scope = terraform_scope(&tf);
+    assert_eq!(scope["var.seed_config"], "false");
+    let seeds: Vec<&Block> = blocks(&tf, "resource")
+        .into_iter()
+        .filter(|b| {
+            let kind = label_text(&b.labels()[0]);
+            kind == "consul_keys" || kind == "consul_key_prefix"
+        })
+        .collect();
+    assert_eq!(seeds.len(), 1, "one seeding resource");
+    let seed = seeds[0].body();
+    assert_eq!(raw(attr(seed, "count")), "var.seed_config ? 1 : 0");
+    let key = block(seed, "key").body();
+    assert!(
+        optional_attr(key, "delete").is_none_or(|d| raw(d) == "false"),
+        "the key would be deleted with the resource"
+    );
+    let lifecycle = block(seed, "lifecycle").body();
+    let precondition = block(lifecycle, "precondition").body();
+    let condition = raw(attr(precondition, "condition"));
+    assert!(
+        condition.contains("data.consul_keys.") && condition.contains("== \"\""),
+        "{condition}"
+    );
+    let live = labelled(&tf, "data", &["consul_keys", "live_config"]).body();
+    let live_key = block(live, "key").body();
+    assert_eq!(raw(attr(live_key, "path")), "var.config_key");
+}
+
+/// Every image a job file runs, its variables resolved, names a version tag or a digest: not
+/// `latest`, not untagged.
+#[test]
+fn no_image_is_latest_or_untagged() {
+    let mut seen = 0;
+    for (file, body) in job_files() {
+        let scope = job_scope(&body);
+        let job = block(&body, "job");
+        for group in blocks(job.body(), "group") {
+            for task in blocks(group.body(), "task") {
+                let config = block(task.body(), "config").body();
+                let image = resolve(attr(config, "image"), &scope, &file);
+                seen += 1;
+                assert_pinned(&image, &file);
+            }
+        }
+    }
+    assert!(seen >= 5, "only {seen} images");
+}
+
+fn assert_pinned(image: &str, what: &str) {
+    if image.contains("@sha256:") {
+        return;
+    }
+    let last = image.rsplit('/').next().unwrap();
+    let (_, tag) = last
+        .split_once(':')
+        .unwrap_or_else(|| panic!("{what}: image {image} has no tag"));
+    assert!(
+        tag != "latest" && tag.chars().next().is_some_and(|c| c.is_ascii_digit()),
+        "{what}: image {image} is not pinned to a version"
+    );
+}
+
+/// The daemon's job: its own namespace, the runners' namespace by its own variable (Nomad sets
+/// NOMAD_NAMESPACE to the task's own), the task API socket with the workload identity as token,
+/// HTTPS addresses with CA bundles, a `disconnect` stop, and templates owned by the image's
+/// user.
+#[test]
+fn the_daemons_job_uses_its_namespace_the_task_socket_and_tls() {
+    let file = parse(DAEMON_JOB);
+    let scope = job_scope(&file);
+    let job = block(&file, "job").body();
+    assert_eq!(
+        resolve(attr(job, "namespace"), &scope, "namespace"),
+        "runner-scaler"
+    );
+    let group = block(job, "group").body();
+    let disconnect = block(group, "disconnect").body();
+    assert!(!raw(attr(disconnect, "stop_on_client_after")).is_empty());
+    let task = block(group, "task").body();
+    assert!(matches!(
+        attr(block(task, "identity").body(), "env"),
+        Expression::Bool(true)
+    ));
+
+    let env: BTreeMap<String, String> = block(task, "env")
+        .body()
+        .attributes()
+        .map(|a| (a.key().to_string(), resolve(a.expr(), &scope, a.key())))
+        .collect();
+    assert!(
+        !env.contains_key("NOMAD_NAMESPACE"),
+        "Nomad sets it to the daemon's own"
+    );
+    assert_eq!(env["RUNNER_SCALER_RUNNER_NAMESPACE"], "ci-runners");
+    assert_eq!(env["NOMAD_ADDR"], "unix://${NOMAD_SECRETS_DIR}/api.sock");
+    for (addr, ca) in [
+        ("CONSUL_HTTP_ADDR", "CONSUL_CACERT"),
+        ("VAULT_ADDR", "VAULT_CACERT"),
+    ] {
+        assert!(env[addr].starts_with("https://"), "{addr} = {}", env[addr]);
+        assert!(!env[ca].is_empty(), "{ca}");
+    }
+    assert!(
+        !env.keys().any(|k| k.ends_with("TOKEN")),
+        "a token in the job spec"
+    );
+
+    let user: i64 = raw(attr(task, "user")).parse().expect("a numeric user");
+    assert_eq!(user, dockerfile_user(), "the task runs as the image's user");
+    let templates = blocks(task, "template");
+    assert!(!templates.is_empty());
+    for template in templates {
+        for key in ["uid", "gid"] {
+            assert_eq!(
+                raw(attr(template.body(), key)).parse::<i64>().ok(),
+                Some(user),
+                "a template's {key}"
+            );
+        }
+    }
+}
+
+/// The vault-mode parent lives in the namespace its Vault role is bound to; the others in the
+/// runners' namespace.
+#[test]
+fn runner_parents_live_in_the_namespaces_their_identities_expect() {
+    let tf = terraform();
+    let scope = terraform_scope(&tf);
+    for task in tasks() {
+        if task.file == DAEMON_JOB {
+            continue;
+        }
+        let holds_vault = tasks()
+            .iter()
+            .any(|t| t.file == task.file && vault_role_of(t).is_some());
+        let expected = if holds_vault {
+            &scope["var.vault_runner_namespace"]
+        } else {
+            &scope["var.runner_namespace"]
+        };
+        assert_eq!(&task.namespace, expected, "{}", task.file);
+    }
+}
+
+// ---- Dockerfile ----
+
+struct Stage {
+    base: String,
+    name: Option<String>,
+    instructions: Vec<(String, String)>,
+}
+
+/// The Dockerfile's stages, each with its instructions (continuation lines joined).
+fn dockerfile() -> Vec<Stage> {
+    let text = read("Dockerfile");
+    let mut logical = Vec::new();
+    let mut current = String::new();
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('#') || trimmed.is_empty() {
+            continue;
+        }
+        if let Some(part) = trimmed.strip_suffix('\\') {
+            current.push_str(part);
+            current.push(' ');
+        } else {
+            current.push_str(trimmed);
+            logical.push(std::mem::take(&mut current));
+        }
+    }
+    let mut stages: Vec<Stage> = Vec::new();
+    for line in logical {
+        let (op, args) = line.split_once(' ').unwrap_or((&line, ""));
+        let op = op.to_ascii_uppercase();
+        if op == "FROM" {
+            let words: Vec<&str> = args.split_whitespace().collect();
+            let name = match words.as_slice() {
+                [_, as_, name] if as_.eq_ignore_ascii_case("as") => Some(name.to_string()),
+                [_] => None,
+                other => panic!("FROM {other:?}"),
+            };
+            stages.push(Stage {
+                base: words[0].to_string(),
+                name,
+                instructions: Vec::new(),
+            });
+        } else {
+            stages
+                .last_mut()
+                .expect("an instruction before FROM")
+                .instructions
+                .push((op, args.trim().to_string()));
+        }
+    }
+    stages
+}
+
+fn instruction<'a>(stage: &'a Stage, op: &str) -> Vec<&'a str> {
+    stage
+        .instructions
+        .iter()
+        .filter(|(o, _)| o == op)
+        .map(|(_, a)| a.as_str())
+        .collect()
+}
+
+/// The numeric uid of the run stage's USER.
+fn dockerfile_user() -> i64 {
+    let stages = dockerfile();
+    let users = instruction(stages.last().unwrap(), "USER");
+    assert_eq!(users.len(), 1, "one USER in the run stage");
+    let uid = users[0].split(':').next().unwrap();
+    uid.parse()
+        .unwrap_or_else(|_| panic!("USER {} is not numeric", users[0]))
+}
+
+/// The binary `cargo build --release` makes: the `[[bin]]` name if the manifest has one, else
+/// the package name.
+fn release_binary() -> String {
+    let manifest = read("Cargo.toml");
+    let mut section = String::new();
+    let mut package = None;
+    let mut bin = None;
+    for line in manifest.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            section = line.to_string();
+            continue;
+        }
+        if let Some(value) = line.strip_prefix("name").map(str::trim_start)
+            && let Some(value) = value.strip_prefix('=')
+        {
+            let value = value.trim().trim_matches('"').to_string();
+            match section.as_str() {
+                "[package]" => package = Some(value),
+                "[[bin]]" if bin.is_none() => bin = Some(value),
+                _ => {}
+            }
+        }
+    }
+    bin.or(package).expect("Cargo.toml names the package")
+}
+
+/// Two stages or more; the last runs on a base with no shell (distroless or scratch), as a
+/// numeric non-root user, with an exec-form entrypoint; it copies exactly the binary
+/// `cargo build --release` makes in the build stage; every base image is pinned.
+#[test]
+fn the_dockerfile_builds_the_release_binary_into_a_shell_less_non_root_image() {
+    let stages = dockerfile();
+    assert!(stages.len() >= 2, "a build stage and a run stage");
+    for stage in &stages {
+        // A base names a tag or a digest, never latest (distroless tags name a variant,
+        // `nonroot`, not a version: a digest pins it further).
+        if stage.base != "scratch" && !stage.base.contains("@sha256:") {
+            let last = stage.base.rsplit('/').next().unwrap();
+            let tag = last.split_once(':').map(|(_, t)| t);
+            assert!(
+                tag.is_some_and(|t| t != "latest"),
+                "FROM {} is untagged or latest",
+                stage.base
+            );
+        }
+    }
+    let run = stages.last().unwrap();
+    assert!(
+        run.base == "scratch" || run.base.starts_with("gcr.io/distroless/"),
+        "the run stage's base {} may carry a shell",
+        run.base
+    );
+    assert!(
+        instruction(run, "RUN").is_empty(),
+        "RUN in the run stage needs a shell"
+    );
+    let uid = dockerfile_user();
+    assert!(uid > 0, "USER {uid} is root");
+    for entry in instruction(run, "ENTRYPOINT") {
+        assert!(
+            entry.starts_with('['),
+            "ENTRYPOINT {entry}: exec form, no shell"
+        );
+    }
+
+    let binary = release_binary();
+    assert_eq!(binary, "runner-scaler");
+    let copies: Vec<&str> = instruction(run, "COPY")
+        .into_iter()
+        .filter(|c| c.starts_with("--from="))
+        .collect();
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    let words: Vec<&str> = copies[0].split_whitespace().collect();
+    let from = words[0].strip_prefix("--from=").unwrap();
+    let build = stages
+        .iter()
+        .find(|s| s.name.as_deref() == Some(from))
+        .unwrap_or_else(|| panic!("COPY --from={from}: no such stage"));
+    let workdir = instruction(build, "WORKDIR");
+    let workdir = workdir.last().expect("the build stage sets WORKDIR");
+    let builds = instruction(build, "RUN");
+    assert!(
+        builds
+            .iter()
+            .any(|r| r.contains("cargo build") && r.contains("--release")),
+        "{builds:?}"
+    );
+    assert_eq!(
+        Path::new(words[1]),
+        Path::new(workdir).join("target/release").join(&binary),
+        "the binary copied is not the one cargo build --release makes"
+    );
+}
