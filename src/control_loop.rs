@@ -221,6 +221,9 @@ pub struct Memory {
     polls: polls::PollSchedule,
     /// Each repo's last successful queue reading, carried into ticks that do not read it.
     readings: BTreeMap<RepoName, RepoJobs>,
+    /// Budgets low enough to stretch read intervals: their owners, and what was said of them.
+    stretched_owners: BTreeSet<String>,
+    stretched_budgets: Vec<String>,
 }
 
 /// Runs ticks over a set of services.
@@ -431,6 +434,7 @@ impl Controller {
         now: DateTime<Utc>,
     ) {
         view.at = Some(now);
+        view.stretched_budgets = self.memory.stretched_budgets.clone();
         view.weaker_credentials = config
             .repos
             .values()
@@ -507,12 +511,24 @@ impl Controller {
         // poll schedule does not find due: they keep their last reading.
         let mut to_ask = Vec::new();
         let intervals = self.poll_intervals();
+        let mut stretched = BTreeMap::new();
         for repo in config.repos.values() {
             let scope = Scope::Queue(repo.repo.clone());
+            // A budget running low stretches the intervals of every repo that shares it.
+            let budget = self
+                .services
+                .forge(&repo.mode)
+                .and_then(|f| f.queue.budget(repo));
+            let stretch = budget
+                .as_ref()
+                .map_or(1.0, |b| polls::budget_stretch(b, now));
+            if let Some(budget) = budget.filter(|_| stretch > 1.0) {
+                stretched.insert(budget.owner.clone(), (budget, stretch));
+            }
             let carried = self
                 .memory
                 .polls
-                .next_read_at(&repo.repo, now, intervals, 1.0)
+                .next_read_at(&repo.repo, now, intervals, stretch)
                 .and_then(|_| self.memory.polls.read_at(&repo.repo))
                 .zip(self.memory.readings.get(&repo.repo));
             if let Some((read_at, reading)) = carried {
@@ -546,6 +562,7 @@ impl Controller {
                 },
             }
         }
+        self.report_stretched(stretched);
         type Queue = (RepoName, Result<RepoJobs, PortError>);
         let queues: Vec<futures::future::BoxFuture<'static, Queue>> = to_ask
             .into_iter()
@@ -745,6 +762,37 @@ impl Controller {
             busy: self.settings.poll_interval,
             idle: self.settings.idle_poll_interval,
         }
+    }
+
+    /// Says once per change which budgets stretch their repos' read intervals, and keeps them
+    /// for the tick's view.
+    fn report_stretched(
+        &mut self,
+        stretched: BTreeMap<String, (crate::observe::BudgetReading, f64)>,
+    ) {
+        let lines: Vec<String> = stretched
+            .values()
+            .map(|(b, stretch)| {
+                format!(
+                    "{}: {} of {} requests left until {}: its repos are read {stretch:.1}x less often so it lasts",
+                    b.owner,
+                    b.remaining,
+                    b.limit,
+                    b.reset_at.to_rfc3339()
+                )
+            })
+            .collect();
+        let owners: BTreeSet<String> = stretched.keys().cloned().collect();
+        if owners != self.memory.stretched_owners {
+            for line in &lines {
+                warn!("rate-limit budget low: {line}");
+            }
+            for owner in self.memory.stretched_owners.difference(&owners) {
+                info!(owner = %owner, "rate-limit budget recovered: its repos are read at their usual intervals");
+            }
+        }
+        self.memory.stretched_owners = owners;
+        self.memory.stretched_budgets = lines;
     }
 
     /// A webhook said something happened in `repo`: its queue is read at the next tick.

@@ -129,3 +129,38 @@ async fn a_repo_not_read_this_tick_is_never_dispatched_for_on_its_old_reading() 
     assert_eq!(ctl.tick(&config, 1, at(t0, 1), false).await.started, 0);
     assert_eq!(reads_of(&twins, &api), 2);
 }
+
+#[tokio::test]
+async fn a_budget_running_low_stretches_its_repos_reads_and_says_so() {
+    let twins = Twins::start().await;
+    let api = twins.add_app_repo("acme/api");
+    twins.add_app_repo("acme/web");
+    twins.register_token_parent("ci-runner");
+    let config = config(DOCUMENT);
+    twins.github.add_run(&api, vec![vec!["self-hosted"]]);
+    // The installation's hour is almost spent by the first tick's reads and mint.
+    twins.github.set_budget_limit(16);
+    let mut ctl = twins.controller();
+    let t0 = Utc::now();
+
+    let first = ctl.tick(&config, 1, at(t0, 0), false).await;
+    assert!(first.gaps.is_empty(), "{:?}", first.gaps);
+    let view = ctl.tick(&config, 1, at(t0, 1), false).await;
+    assert_eq!(
+        view.stretched_budgets.len(),
+        1,
+        "{:?}",
+        view.stretched_budgets
+    );
+    assert!(
+        view.stretched_budgets[0].starts_with("installation-"),
+        "{:?}",
+        view.stretched_budgets
+    );
+    assert!(view.render_text().contains("budget low: installation-"));
+    for n in 2..6 {
+        ctl.tick(&config, 1, at(t0, n), false).await;
+    }
+    // Busy as it is, acme/api was read once, not six times: the budget lasts to its reset.
+    assert_eq!(reads_of(&twins, &api), 1);
+}

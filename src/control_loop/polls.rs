@@ -14,6 +14,7 @@ use chrono::{DateTime, Utc};
 
 use crate::clock::after;
 use crate::model::RepoName;
+use crate::observe::BudgetReading;
 
 /// `--idle-poll-interval` when it is not set and no webhook is received.
 pub const IDLE_POLL_INTERVAL_DEFAULT: Duration = Duration::from_secs(60);
@@ -21,6 +22,39 @@ pub const IDLE_POLL_INTERVAL_DEFAULT: Duration = Duration::from_secs(60);
 /// How long a webhook hint keeps its repo on the busy schedule: a push usually brings more
 /// jobs (later `needs:` levels, re-runs) within minutes.
 pub const HINT_KEEPS_BUSY: Duration = Duration::from_secs(300);
+
+/// The most a low budget stretches read intervals: an idle repo is still read every 20
+/// minutes, a busy one every 5 at a 15-second poll.
+pub const BUDGET_STRETCH_MAX: f64 = 20.0;
+
+/// GitHub's primary rate-limit window.
+const BUDGET_WINDOW: Duration = Duration::from_secs(3600);
+
+/// How much to stretch the read intervals of the repos that share `budget` so that it lasts
+/// until it resets instead of running out: what was spent so far in this window, projected
+/// at the same rate to the reset, against nine tenths of what remains (the rest is left for
+/// mints and registrations). 1 while a quarter or more of the budget remains.
+pub fn budget_stretch(budget: &BudgetReading, now: DateTime<Utc>) -> f64 {
+    if budget.limit == 0 || budget.remaining * 4 >= budget.limit {
+        return 1.0;
+    }
+    let to_reset = (budget.reset_at - now)
+        .to_std()
+        .unwrap_or_default()
+        .min(BUDGET_WINDOW);
+    if to_reset.is_zero() {
+        return 1.0;
+    }
+    // A window that started moments ago says little about the rate: at least a minute.
+    let elapsed = (BUDGET_WINDOW - to_reset).max(Duration::from_secs(60));
+    let spent = budget.limit.saturating_sub(budget.remaining) as f64;
+    let projected = spent * to_reset.as_secs_f64() / elapsed.as_secs_f64();
+    let affordable = budget.remaining as f64 * 0.9;
+    if affordable < 1.0 {
+        return BUDGET_STRETCH_MAX;
+    }
+    (projected / affordable).clamp(1.0, BUDGET_STRETCH_MAX)
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PollIntervals {
@@ -237,6 +271,69 @@ mod tests {
             schedule.interval(&repo(), t(0), INTERVALS, 0.5),
             Duration::from_secs(60)
         );
+    }
+
+    fn budget(limit: u64, remaining: u64, reset_in_s: i64) -> BudgetReading {
+        BudgetReading {
+            owner: "installation-7".into(),
+            limit,
+            remaining,
+            reset_at: t(reset_in_s),
+        }
+    }
+
+    #[test]
+    fn a_budget_is_stretched_to_last_until_its_reset() {
+        struct Case {
+            name: &'static str,
+            remaining: u64,
+            reset_in_s: i64,
+            stretch: f64,
+        }
+        let cases = [
+            Case {
+                name: "plenty left",
+                remaining: 4000,
+                reset_in_s: 3000,
+                stretch: 1.0,
+            },
+            Case {
+                name: "a quarter left: not yet",
+                remaining: 1250,
+                reset_in_s: 3000,
+                stretch: 1.0,
+            },
+            // 4,000 spent in 20 minutes; 40 minutes to go would spend 8,000 against 900.
+            Case {
+                name: "burning fast",
+                remaining: 1000,
+                reset_in_s: 2400,
+                stretch: 8.0 / 0.9,
+            },
+            // 4,500 spent in 55 minutes; 5 minutes to go would spend ~409 against 450.
+            Case {
+                name: "low but the reset is near",
+                remaining: 500,
+                reset_in_s: 300,
+                stretch: 1.0,
+            },
+            Case {
+                name: "nothing left",
+                remaining: 0,
+                reset_in_s: 600,
+                stretch: BUDGET_STRETCH_MAX,
+            },
+            Case {
+                name: "reset passed",
+                remaining: 10,
+                reset_in_s: -5,
+                stretch: 1.0,
+            },
+        ];
+        for case in cases {
+            let got = budget_stretch(&budget(5000, case.remaining, case.reset_in_s), t(0));
+            assert!((got - case.stretch).abs() < 1e-9, "{}: {got}", case.name);
+        }
     }
 
     #[test]

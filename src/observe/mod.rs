@@ -83,6 +83,23 @@ pub trait QueueSource: Send + Sync {
     /// Lists the repo's self-hosted jobs that are queued or in progress. The planner joins
     /// in-progress jobs to our runners by name, so the forges can be asked while Nomad is.
     async fn list_jobs(&self, repo: &RepoConfig) -> Result<RepoJobs, PortError>;
+
+    /// The primary rate-limit budget `repo`'s reads draw on, as the forge last reported it;
+    /// `None` where there is none or nothing is known yet.
+    fn budget(&self, _repo: &RepoConfig) -> Option<BudgetReading> {
+        None
+    }
+}
+
+/// One rate-limit budget as last reported (`x-ratelimit-*`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BudgetReading {
+    /// Whose budget it is, as the rate-limit metric labels it (`installation-7`): never a
+    /// credential.
+    pub owner: String,
+    pub limit: u64,
+    pub remaining: u64,
+    pub reset_at: DateTime<Utc>,
 }
 
 /// A child job's status in Nomad.

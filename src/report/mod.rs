@@ -148,6 +148,8 @@ pub struct TickView {
     /// Repos whose runners get a weaker credential than one bound to a single runner, and why
     /// (a Forgejo before 15 hands every runner the repo's standing registration token).
     pub weaker_credentials: Vec<String>,
+    /// Rate-limit budgets low enough that their repos are read less often, and how much.
+    pub stretched_budgets: Vec<String>,
 }
 
 impl TickView {
@@ -218,6 +220,7 @@ impl TickView {
             paused: None,
             foreign_children: 0,
             weaker_credentials: Vec::new(),
+            stretched_budgets: Vec::new(),
         }
     }
 
@@ -230,6 +233,9 @@ impl TickView {
         }
         if let Some(why) = &self.paused {
             let _ = writeln!(out, "paused: {why}");
+        }
+        for budget in &self.stretched_budgets {
+            let _ = writeln!(out, "budget low: {budget}");
         }
         for weaker in &self.weaker_credentials {
             let _ = writeln!(out, "weaker credential: {weaker}");

@@ -21,6 +21,9 @@ use crate::observe::PortError;
 const JWT_LIFETIME: Duration = Duration::minutes(9);
 /// `iat` is backdated as GitHub recommends, so a server clock slightly behind ours accepts it.
 const JWT_BACKDATE: Duration = Duration::seconds(60);
+/// A signed JWT is reused while it has at least this long to live: one RSA signature every
+/// eight minutes instead of one per App call, and no call starts with a JWT about to expire.
+const JWT_REUSE_MARGIN: Duration = Duration::seconds(60);
 /// An installation token is used only while it has at least this long to live, so a request
 /// never starts with a token that expires on the way.
 pub const TOKEN_RENEW_BEFORE: Duration = Duration::minutes(5);
@@ -70,6 +73,14 @@ impl std::fmt::Display for Permission {
 pub struct AppSigner {
     app_id: String,
     key: EncodingKey,
+    /// The last JWT signed, with its `iat` and `exp`.
+    signed: std::sync::Mutex<Option<SignedJwt>>,
+}
+
+struct SignedJwt {
+    jwt: SecretString,
+    issued_at: DateTime<Utc>,
+    expires_at: DateTime<Utc>,
 }
 
 #[derive(Serialize)]
@@ -92,6 +103,7 @@ impl AppSigner {
         Ok(AppSigner {
             app_id: app_id.to_string(),
             key,
+            signed: std::sync::Mutex::new(None),
         })
     }
 
@@ -99,8 +111,27 @@ impl AppSigner {
         &self.app_id
     }
 
-    /// A JWT valid from a minute ago to nine minutes from `now`.
+    /// A JWT valid at `now` for at least another minute: the last one signed while it is
+    /// (and `now` is not before it was issued: a clock set back signs afresh), else a new one
+    /// valid from a minute ago to nine minutes from `now`.
     pub fn jwt(&self, now: DateTime<Utc>) -> Result<SecretString, PortError> {
+        let mut signed = self.signed.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(last) = signed.as_ref()
+            && now >= last.issued_at
+            && now + JWT_REUSE_MARGIN < last.expires_at
+        {
+            return Ok(last.jwt.clone());
+        }
+        let jwt = self.sign(now)?;
+        *signed = Some(SignedJwt {
+            jwt: jwt.clone(),
+            issued_at: now - JWT_BACKDATE,
+            expires_at: now + JWT_LIFETIME,
+        });
+        Ok(jwt)
+    }
+
+    fn sign(&self, now: DateTime<Utc>) -> Result<SecretString, PortError> {
         // A numeric App id goes out as a number, as in GitHub's own examples; a client id
         // (`Iv1.…`) as a string.
         let iss = match self.app_id.parse::<u64>() {
@@ -214,6 +245,32 @@ mod tests {
         assert_eq!(claims["iat"], serde_json::json!(1_700_000_000 - 60));
         let exp = claims["exp"].as_i64().unwrap();
         assert!(exp > 1_700_000_000 && exp - 1_700_000_000 <= 600, "{exp}");
+    }
+
+    #[test]
+    fn a_jwt_is_reused_for_eight_minutes_then_signed_afresh() {
+        let signer = AppSigner::new("1", &SecretString::from(PRIVATE_KEY)).unwrap();
+        let t0 = DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+        let first = signer.jwt(t0).unwrap();
+        for later in [1, 60, 7 * 60, 7 * 60 + 59] {
+            let again = signer.jwt(t0 + Duration::seconds(later)).unwrap();
+            assert_eq!(again.expose_secret(), first.expose_secret(), "+{later}s");
+        }
+        // A minute before it expires, a new one, valid for nine minutes from then.
+        let t1 = t0 + Duration::minutes(8);
+        let renewed = signer.jwt(t1).unwrap();
+        assert_ne!(renewed.expose_secret(), first.expose_secret());
+        assert_eq!(
+            decode(&renewed)["exp"],
+            serde_json::json!((t1 + Duration::minutes(9)).timestamp())
+        );
+        // A clock set back before the JWT's iat signs afresh rather than send a JWT from the
+        // future.
+        let back = t1 - Duration::minutes(5);
+        assert_ne!(
+            signer.jwt(back).unwrap().expose_secret(),
+            renewed.expose_secret()
+        );
     }
 
     #[test]

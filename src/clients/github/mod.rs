@@ -312,19 +312,24 @@ impl GitHub {
     /// skips the repo until `t` instead of spending requests on refusals. `list_jobs` and
     /// `mint` also refuse on their own, without a request.
     pub fn paused_until(&self, repo: &RepoConfig) -> Option<DateTime<Utc>> {
-        let holder = match &repo.mode {
-            Mode::App => BudgetHolder::Installation(
+        let holder = self.holder_of(repo)?;
+        self.budgets.paused_until(&holder, self.now())
+    }
+
+    /// Whose primary budget `repo`'s reads are charged to, once known.
+    fn holder_of(&self, repo: &RepoConfig) -> Option<BudgetHolder> {
+        match &repo.mode {
+            Mode::App => Some(BudgetHolder::Installation(
                 self.app
                     .as_ref()?
                     .installations
                     .last_known(repo.repo.owner())?,
-            ),
-            Mode::Vault { vault_path, .. } => BudgetHolder::PollingToken {
+            )),
+            Mode::Vault { vault_path, .. } => Some(BudgetHolder::PollingToken {
                 vault_path: vault_path.clone(),
-            },
-            Mode::Forgejo { .. } => return None,
-        };
-        self.budgets.paused_until(&holder, self.now())
+            }),
+            Mode::Forgejo { .. } => None,
+        }
     }
 
     /// Every rate-limit budget seen so far.
@@ -870,6 +875,22 @@ impl QueueSource for GitHub {
     /// concurrency group) with other jobs already queued. An unchanged listing answers 304,
     /// which costs no rate limit.
     #[instrument(level = "debug", skip_all, fields(repo = %repo.repo))]
+    fn budget(&self, repo: &RepoConfig) -> Option<crate::observe::BudgetReading> {
+        let holder = self.holder_of(repo)?;
+        let budget = self
+            .budgets
+            .snapshot()
+            .into_iter()
+            .find(|(h, _)| *h == holder)?
+            .1;
+        Some(crate::observe::BudgetReading {
+            owner: holder.metric_label(),
+            limit: budget.limit?,
+            remaining: budget.remaining?,
+            reset_at: budget.reset_at?,
+        })
+    }
+
     async fn list_jobs(&self, repo: &RepoConfig) -> Result<RepoJobs, PortError> {
         if !repo.mode.is_github() {
             return Err(not_github(repo));

@@ -1332,6 +1332,10 @@ impl GitHubForge {
 
 #[async_trait]
 impl QueueSource for GitHubForge {
+    fn budget(&self, repo: &RepoConfig) -> Option<crate::observe::BudgetReading> {
+        self.client().budget(repo)
+    }
+
     async fn list_jobs(&self, repo: &RepoConfig) -> Result<RepoJobs, PortError> {
         let result = self.client().list_jobs(repo).await;
         self.held_back(Scope::Queue(repo.repo.clone()), repo, &result);
