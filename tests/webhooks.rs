@@ -525,3 +525,85 @@ async fn the_daemon_re_polls_a_repo_on_a_webhook_hint() {
         "the secret was logged:\n{stderr}"
     );
 }
+
+/// Virtual wall time: `t0` plus the paused tokio clock's progress.
+struct VirtualClock {
+    t0: DateTime<Utc>,
+    start: tokio::time::Instant,
+}
+
+impl Clock for VirtualClock {
+    fn now(&self) -> DateTime<Utc> {
+        self.t0 + chrono::Duration::from_std(self.start.elapsed()).unwrap()
+    }
+}
+
+/// The seam in the loop, on the in-memory world and a paused clock: polling every 15 s, a
+/// hint at 1 s brings ticks at 1 s, 3 s and 6 s; the interval's tick at 15 s is unchanged.
+/// Once the loop stops, hints are refused.
+#[tokio::test(start_paused = true)]
+async fn the_loop_ticks_at_once_and_at_two_and_five_seconds_after_a_hint() {
+    use runner_scaler::config::watch::ConfigState;
+    use runner_scaler::webhook::{Offered, WebhookForge};
+    use support::memory_loop::app_config;
+
+    let clock = Arc::new(VirtualClock {
+        t0: t0(),
+        start: tokio::time::Instant::now(),
+    });
+    let world = runner_scaler::sim::memory::MemoryWorld::new(t0());
+    let metrics = Arc::new(Metrics::default());
+    let hints = Hints::new();
+    let mut controller = support::memory_loop::controller(&world).with_hints(hints.clone());
+    controller.settings.metrics = metrics.clone();
+    assert_eq!(controller.settings.poll_interval, Duration::from_secs(15));
+    let (_config_tx, config_rx) = tokio::sync::watch::channel(ConfigState {
+        config: Some(Arc::new(app_config(&[("acme/api", 3)]))),
+        applied_index: Some(1),
+        ..ConfigState::default()
+    });
+    let ticks = {
+        let metrics = metrics.clone();
+        move || {
+            let text = metrics.encode();
+            text.lines()
+                .find_map(|l| l.strip_prefix("runner_scaler_ticks_total "))
+                .map_or(0, |n| n.trim().parse::<u64>().unwrap())
+        }
+    };
+    let scenario = {
+        let (hints, clock) = (hints.clone(), clock.clone());
+        async move {
+            // (virtual ms to sleep until, ticks by then)
+            let until = |ms: u64| tokio::time::sleep_until(clock.start + Duration::from_millis(ms));
+            until(900).await;
+            assert_eq!(ticks(), 1, "the tick at start");
+            until(1_000).await;
+            assert_eq!(
+                hints.offer(WebhookForge::GitHub, repo("acme/unknown"), clock.now()),
+                Offered::UnconfiguredRepo
+            );
+            assert_eq!(
+                hints.offer(WebhookForge::GitHub, repo("acme/api"), clock.now()),
+                Offered::Accepted
+            );
+            for (ms, expected) in [
+                (1_100, 2),
+                (2_900, 2),
+                (3_100, 3),
+                (5_900, 3),
+                (6_100, 4),
+                (14_900, 4),
+                (15_100, 5),
+            ] {
+                until(ms).await;
+                assert_eq!(ticks(), expected, "ticks by {ms} ms");
+            }
+        }
+    };
+    runner_scaler::control_loop::run(controller, config_rx, clock.as_ref(), false, scenario).await;
+    assert_eq!(
+        hints.offer(WebhookForge::GitHub, repo("acme/api"), clock.now()),
+        Offered::NotLeading
+    );
+}
