@@ -798,15 +798,15 @@ async fn next_hinted(
 }
 
 /// Runs ticks until `shutdown` completes: a tick at start, then one every poll interval. A
-/// shutdown lets the tick in progress finish and starts no new one.
+/// shutdown lets the tick in progress finish and starts no new one. Without a valid
+/// document it dispatches nothing and says why once per change of reason. With `dry_run`
+/// (shadow mode) every tick plans and reports and writes nothing.
 ///
 /// With webhook hints ([`Controller::with_hints`]), the seam is here and only here: the
 /// hints follow each document applied (so the receiver refuses repos it does not name, and
 /// every hint once the loop stops), a due hint wakes the wait between ticks, and every tick,
 /// hinted or not, counts as the hint-poll of whatever is due by then. A hinted tick is a
-/// full tick for now; polling only the hinted repos comes with adaptive polling. Without a valid
-/// document it dispatches nothing and says why once per change of reason. With `dry_run`
-/// (shadow mode) every tick plans and reports and writes nothing.
+/// full tick for now; polling only the hinted repos comes with adaptive polling.
 pub async fn run(
     mut controller: Controller,
     mut config: tokio::sync::watch::Receiver<ConfigState>,

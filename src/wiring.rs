@@ -331,22 +331,8 @@ async fn daemon(args: DaemonArgs, dry_run: bool) -> ExitCode {
         Ok(Some(addr)) => match crate::webhook::bind(addr).await {
             Ok(listener) => {
                 if let Ok(bound) = listener.local_addr() {
-                    let routes: Vec<&str> = [
-                        built
-                            .webhook_secrets
-                            .github
-                            .as_ref()
-                            .map(|_| "/webhook/github"),
-                        built
-                            .webhook_secrets
-                            .forgejo
-                            .as_ref()
-                            .map(|_| "/webhook/forgejo"),
-                    ]
-                    .into_iter()
-                    .flatten()
-                    .collect();
-                    info!(webhook_listen = %bound, "receiving webhooks at {}", routes.join(" and "));
+                    let routes = built.webhook_secrets.routes().join(" and ");
+                    info!(webhook_listen = %bound, "receiving webhooks at {routes}");
                 }
                 Some(listener)
             }

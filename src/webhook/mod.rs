@@ -32,6 +32,17 @@ impl WebhookSecrets {
     pub fn is_empty(&self) -> bool {
         self.github.is_none() && self.forgejo.is_none()
     }
+
+    /// The paths served: one per forge with a secret.
+    pub fn routes(&self) -> Vec<&'static str> {
+        [
+            self.github.as_ref().map(|_| receiver::GITHUB_PATH),
+            self.forgejo.as_ref().map(|_| receiver::FORGEJO_PATH),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
 }
 
 /// Reads the webhook secrets: `GITHUB_WEBHOOK_SECRET` or `GITHUB_WEBHOOK_SECRET_FILE` (or

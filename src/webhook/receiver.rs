@@ -27,6 +27,9 @@ use crate::model::RepoName;
 /// Largest body read, 1 MiB: a `workflow_job` payload is a few KiB.
 pub const BODY_MAX: usize = 1024 * 1024;
 
+pub const GITHUB_PATH: &str = "/webhook/github";
+pub const FORGEJO_PATH: &str = "/webhook/forgejo";
+
 /// What the handlers share.
 #[derive(Clone)]
 pub struct Receiver {
@@ -60,10 +63,10 @@ impl Receiver {
 pub fn router(receiver: Receiver) -> Router {
     let mut router = Router::new();
     if receiver.secrets.github.is_some() {
-        router = router.route("/webhook/github", post(github));
+        router = router.route(GITHUB_PATH, post(github));
     }
     if receiver.secrets.forgejo.is_some() {
-        router = router.route("/webhook/forgejo", post(forgejo));
+        router = router.route(FORGEJO_PATH, post(forgejo));
     }
     router
         .layer(DefaultBodyLimit::max(BODY_MAX))
