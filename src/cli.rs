@@ -21,7 +21,9 @@ const SECRETS_HELP: &str = "\
 Secrets are read only from the environment, never from flags:
   NOMAD_TOKEN, CONSUL_HTTP_TOKEN, VAULT_TOKEN, and the GitHub App private key
   (GITHUB_APP_PRIVATE_KEY_FILE, or GITHUB_APP_VAULT_PATH for a key kept in Vault).
-  NOMAD_TOKEN_FILE, CONSUL_HTTP_TOKEN_FILE and VAULT_TOKEN_FILE name files to read instead.";
+  NOMAD_TOKEN_FILE, CONSUL_HTTP_TOKEN_FILE and VAULT_TOKEN_FILE name files to read instead.
+  With --webhook-listen: GITHUB_WEBHOOK_SECRET (or a webhook_secret field at
+  GITHUB_APP_VAULT_PATH) and FORGEJO_WEBHOOK_SECRET, or their *_FILE variants.";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -294,6 +296,16 @@ pub struct DaemonArgs {
         hide_env_values = true
     )]
     pub listen: String,
+    /// Where `run` receives webhooks (`POST /webhook/github`, `POST /webhook/forgejo`), as
+    /// hints to re-poll a repo at once: an IP address and port, or `off`. Apart from
+    /// --listen, so that only the webhook port need be reachable from the forges.
+    #[arg(
+        long,
+        env = "RUNNER_SCALER_WEBHOOK_LISTEN",
+        default_value = "off",
+        hide_env_values = true
+    )]
+    pub webhook_listen: String,
     /// /healthz fails when a bucket whose cap has room has had a job queued this long.
     #[arg(long, env = "RUNNER_SCALER_STUCK_AFTER", default_value = "15m", value_parser = humantime::parse_duration, hide_env_values = true)]
     pub stuck_after: Duration,
@@ -353,6 +365,20 @@ impl DaemonArgs {
         })
     }
 
+    /// `--webhook-listen` as an address, `None` for `off` (the default).
+    pub fn webhook_listen_addr(&self) -> Result<Option<std::net::SocketAddr>, String> {
+        let value = self.webhook_listen.trim();
+        if value == "off" {
+            return Ok(None);
+        }
+        value.parse().map(Some).map_err(|_| {
+            format!(
+                "--webhook-listen (RUNNER_SCALER_WEBHOOK_LISTEN) must be an IP address and a \
+                 port, like 0.0.0.0:9465, or `off`; got {value:?}"
+            )
+        })
+    }
+
     /// Refuses settings no daemon can run with, naming each (exit 64 before anything starts).
     pub fn validate(&self) -> Result<(), String> {
         let mut problems = Vec::new();
@@ -406,6 +432,9 @@ impl DaemonArgs {
             );
         }
         if let Err(problem) = self.listen_addr() {
+            problems.push(problem);
+        }
+        if let Err(problem) = self.webhook_listen_addr() {
             problems.push(problem);
         }
         if self.stuck_after.is_zero() {
@@ -515,6 +544,7 @@ mod tests {
             (&["--listen", "localhost"], "--listen"),
             (&["--listen", "9464"], "--listen"),
             (&["--listen", "example.com:9464"], "--listen"),
+            (&["--webhook-listen", "9465"], "--webhook-listen"),
             (&["--stuck-after", "0s"], "--stuck-after"),
         ] {
             let problem = args(flags).validate().expect_err(named);

@@ -238,6 +238,8 @@ pub struct Controller {
     pause_key: Option<(String, Arc<dyn DocumentSource>)>,
     /// Where each tick's view goes for the live status (`GET /status`).
     published: Option<tokio::sync::watch::Sender<Option<TickView>>>,
+    /// Webhook hints (`--webhook-listen`); see [`run`] for how they are consumed.
+    hints: Option<crate::webhook::Hints>,
 }
 
 impl Controller {
@@ -250,7 +252,15 @@ impl Controller {
             planner: plan,
             pause_key: None,
             published: None,
+            hints: None,
         }
+    }
+
+    /// Follows webhook hints: [`run`] tells `hints` which document it runs on, and ticks
+    /// when a hinted repo is due instead of waiting for the poll interval.
+    pub fn with_hints(mut self, hints: crate::webhook::Hints) -> Self {
+        self.hints = Some(hints);
+        self
     }
 
     /// Publishes every tick's view on `tx`: what the running daemon knows (its backoffs,
@@ -909,10 +919,27 @@ async fn read_exit_codes(
     codes
 }
 
+/// The repos of the next due webhook hint; never completes without hints.
+async fn next_hinted(
+    hints: Option<&crate::webhook::Hints>,
+    clock: &dyn crate::clock::Clock,
+) -> Vec<RepoName> {
+    match hints {
+        Some(hints) => hints.next_hinted(clock).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Runs ticks until `shutdown` completes: a tick at start, then one every poll interval. A
 /// shutdown lets the tick in progress finish and starts no new one. Without a valid
 /// document it dispatches nothing and says why once per change of reason. With `dry_run`
 /// (shadow mode) every tick plans and reports and writes nothing.
+///
+/// With webhook hints ([`Controller::with_hints`]), the seam is here and only here: the
+/// hints follow each document applied (so the receiver refuses repos it does not name, and
+/// every hint once the loop stops), a due hint wakes the wait between ticks, and every tick,
+/// hinted or not, counts as the hint-poll of whatever is due by then. A hinted tick is a
+/// full tick for now; polling only the hinted repos comes with adaptive polling.
 pub async fn run(
     mut controller: Controller,
     mut config: tokio::sync::watch::Receiver<ConfigState>,
@@ -930,6 +957,7 @@ pub async fn run(
     metrics.set_poll_interval(controller.settings.poll_interval);
     // Until the leader lock exists, the copy that runs ticks is the leader.
     metrics.set_leader(true);
+    let hints = controller.hints.clone();
     loop {
         // Without a document, a change of the watcher's state is worth a tick at once: the
         // first read lands moments after start, and waiting a whole poll interval for it
@@ -940,6 +968,13 @@ pub async fn run(
             _ = &mut shutdown => break,
             _ = interval.tick() => {}
             Ok(()) = config.changed(), if without_document => {}
+            hinted = next_hinted(hints.as_ref(), clock) => {
+                debug!(repos = ?hinted.iter().map(ToString::to_string).collect::<Vec<_>>(), "ticking now for webhook hints");
+            }
+        }
+        if let Some(hints) = &hints {
+            // Whatever woke the loop, this tick serves the hints due by now.
+            hints.take_due(clock.now());
         }
         let state = config.borrow_and_update().clone();
         metrics.set_config_valid(state.config.is_some());
@@ -962,6 +997,9 @@ pub async fn run(
             if applied.is_some() {
                 controller.config_changed();
             }
+            if let Some(hints) = &hints {
+                hints.follow(&document);
+            }
             applied = Some(version);
         }
         // The tick runs to its end even if shutdown is asked meanwhile. A panic inside it (a
@@ -980,5 +1018,8 @@ pub async fn run(
                 error!("tick aborted by a bug: {what}; the next tick starts afresh");
             }
         }
+    }
+    if let Some(hints) = &hints {
+        hints.stop_following();
     }
 }

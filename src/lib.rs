@@ -21,6 +21,8 @@
 //! - [`sim`]: twins of every service and the simulated world.
 //! - [`control_loop`]: one tick after another; the only owner of state kept between ticks.
 //! - [`leader`]: the Consul leader lock; only its holder writes, and it fences itself.
+//! - [`webhook`]: the `--webhook-listen` receiver; verified deliveries become hints for the
+//!   loop ("look at this repo now").
 
 pub mod act;
 pub mod cli;
@@ -37,4 +39,5 @@ pub mod report;
 pub mod secrets;
 pub mod serve;
 pub mod sim;
+pub mod webhook;
 pub mod wiring;

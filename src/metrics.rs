@@ -136,6 +136,12 @@ pub(crate) struct OutcomeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct WebhookLabels {
+    pub forge: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ReapLabels {
     pub outcome: String,
     pub verdict: String,
@@ -242,6 +248,7 @@ pub struct Metrics {
     config_reload_errors: Counter,
     config_valid: Gauge,
     leader: Gauge,
+    webhook_deliveries: Family<WebhookLabels, Counter>,
     facts: Mutex<HealthFacts>,
 }
 
@@ -292,6 +299,7 @@ impl Metrics {
             config_reload_errors: Counter::default(),
             config_valid: Gauge::default(),
             leader: Gauge::default(),
+            webhook_deliveries: Family::default(),
             facts: Mutex::new(HealthFacts {
                 leader: false,
                 holds_session: None,
@@ -402,6 +410,11 @@ impl Metrics {
             "1 while this copy runs the ticks, 0 on a standby",
             m.leader.clone(),
         );
+        registry.register(
+            "webhook_deliveries",
+            "Webhook deliveries received, by forge and outcome",
+            m.webhook_deliveries.clone(),
+        );
         let clients = &*CLIENT_COUNTS;
         registry.register(
             "api_requests",
@@ -435,6 +448,16 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
         out
+    }
+
+    /// Counts one webhook delivery from `forge` (`github`, `forgejo`) by its `outcome`.
+    pub fn count_webhook_delivery(&self, forge: &str, outcome: &str) {
+        self.webhook_deliveries
+            .get_or_create(&WebhookLabels {
+                forge: forge.into(),
+                outcome: outcome.into(),
+            })
+            .inc();
     }
 
     /// The leader lock says whether this copy leads. Until it exists, the loop calls this

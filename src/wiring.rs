@@ -115,6 +115,8 @@ pub struct Built {
     pub leader: LeaderSettings,
     pub loop_settings: LoopSettings,
     pub defaults: ConfigDefaults,
+    /// The webhook secrets; empty unless `--webhook-listen` is set.
+    pub webhook_secrets: crate::webhook::WebhookSecrets,
 }
 
 /// Builds the clients from settings; an error is a bad process setting.
@@ -165,6 +167,7 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
         Some(vault) => vault.clone(),
         None => Arc::new(NoVault),
     };
+    let mut vault_webhook_secret = None;
     let app = match (
         &args.github_app_id,
         &args.github_app_private_key_file,
@@ -183,6 +186,7 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
                 .read_app_credentials(path)
                 .await
                 .map_err(|e| format!("read the GitHub App from Vault at {path}: {e}"))?;
+            vault_webhook_secret = secret.webhook_secret;
             Some(AppCredentials {
                 app_id: args.github_app_id.clone().unwrap_or(secret.app_id),
                 private_key: secret.private_key,
@@ -213,7 +217,13 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
         secrets.clone(),
     )?);
     let forgejo = Arc::new(Forgejo::new(secrets, &TlsFiles::default(), timeout)?);
+    let webhook_secrets = if args.webhook_listen_addr()?.is_some() {
+        crate::webhook::read_secrets(vault_webhook_secret)?
+    } else {
+        crate::webhook::WebhookSecrets::default()
+    };
     Ok(Built {
+        webhook_secrets,
         services: match &vault {
             Some(vault) => Services::of(github, forgejo, nomad).with_wrapper(vault.clone()),
             None => {
@@ -321,6 +331,20 @@ async fn daemon(args: DaemonArgs, dry_run: bool) -> ExitCode {
         Ok(None) => None,
         Err(e) => return bad_settings(e),
     };
+    let webhook_listener = match args.webhook_listen_addr() {
+        Ok(Some(addr)) => match crate::webhook::bind(addr).await {
+            Ok(listener) => {
+                if let Ok(bound) = listener.local_addr() {
+                    let routes = built.webhook_secrets.routes().join(" and ");
+                    info!(webhook_listen = %bound, "receiving webhooks at {routes}");
+                }
+                Some(listener)
+            }
+            Err(e) => return bad_settings(e),
+        },
+        Ok(None) => None,
+        Err(e) => return bad_settings(e),
+    };
     let metrics = built.loop_settings.metrics.clone();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -345,6 +369,26 @@ async fn daemon(args: DaemonArgs, dry_run: bool) -> ExitCode {
             stopped(stop_rx.clone()),
         )
     });
+    // The port between the webhook receiver and the loop of each leadership term; a standby
+    // runs no loop, so its receiver refuses hints (outcome `not_leader`).
+    let hints = webhook_listener
+        .as_ref()
+        .map(|_| crate::webhook::Hints::new());
+    let webhook_server = webhook_listener
+        .zip(hints.clone())
+        .map(|(listener, hints)| {
+            let receiver = crate::webhook::Receiver::new(
+                built.webhook_secrets.clone(),
+                hints,
+                metrics.clone(),
+                Arc::new(crate::clock::SystemClock),
+            );
+            crate::webhook::spawn(
+                listener,
+                crate::webhook::router(receiver),
+                stopped(stop_rx.clone()),
+            )
+        });
     let consul = Arc::new(built.consul);
     let pause_key = built.pause_key.key().to_string();
     let pause_source: Arc<dyn DocumentSource> = Arc::new(built.pause_key);
@@ -354,13 +398,16 @@ async fn daemon(args: DaemonArgs, dry_run: bool) -> ExitCode {
     // `stop`, over `services` (fenced by the term's lease when leading).
     let mut term =
         |services: Services, stop: Box<dyn std::future::Future<Output = ()> + Send + Unpin>| {
-            let controller = Controller::new(
+            let mut controller = Controller::new(
                 services,
                 built.loop_settings.clone(),
                 Box::new(StdRng::from_rng(&mut rng)),
             )
             .with_pause_key(pause_key.clone(), pause_source.clone())
             .with_status_publisher(last_tick_tx.clone());
+            if let Some(hints) = &hints {
+                controller = controller.with_hints(hints.clone());
+            }
             let consul = SharedKv(consul.clone());
             let defaults = built.defaults.clone();
             let metrics = metrics.clone();
@@ -425,6 +472,9 @@ async fn daemon(args: DaemonArgs, dry_run: bool) -> ExitCode {
     };
     let _ = stop_tx.send(true);
     if let Some(server) = server {
+        let _ = server.await;
+    }
+    if let Some(server) = webhook_server {
         let _ = server.await;
     }
     match outcome {

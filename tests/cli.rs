@@ -395,7 +395,12 @@ fn config_check_refuses_a_forgejo_repo_whose_job_search_has_no_label_to_ask_for(
 /// Runs the binary, killing it if it is still running after `deadline` (a daemon that
 /// accepted a setting it should have refused runs forever).
 fn run_at_most(args: &[&str], deadline: std::time::Duration) -> Output {
-    let child = cli(&[])
+    run_at_most_with(args, &[], deadline)
+}
+
+/// [`run_at_most`] with `env`.
+fn run_at_most_with(args: &[&str], env: &[(&str, &str)], deadline: std::time::Duration) -> Output {
+    let child = cli(env)
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -423,6 +428,7 @@ fn impossible_settings_exit_64_naming_the_setting() {
         (&["run", "--request-timeout", "0s"], "--request-timeout"),
         (&["run", "--max-in-flight", "0"], "--max-in-flight"),
         (&["run", "--listen", "localhost:9464"], "--listen"),
+        (&["run", "--webhook-listen", "9465"], "--webhook-listen"),
         (&["run", "--stuck-after", "0s"], "--stuck-after"),
         (
             &["once", "--dry-run", "--config-key", ""],
@@ -452,6 +458,44 @@ fn impossible_settings_exit_64_naming_the_setting() {
         "{}",
         shown(&output)
     );
+}
+
+/// `--webhook-listen` without a secret to check deliveries with, or with one set twice, is
+/// refused before anything starts, naming the variables and never a value.
+#[test]
+fn webhooks_without_a_secret_or_with_two_exit_64_naming_the_variables() {
+    let secret_file = TempFile::with_contents("webhook-secret", "canary-webhook-file-3d7a");
+    let secret_file = secret_file.path().display().to_string();
+    let listen = ["run", "--webhook-listen", "127.0.0.1:0"];
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (&[], "no webhook secret is: set GITHUB_WEBHOOK_SECRET"),
+        (
+            &[
+                ("GITHUB_WEBHOOK_SECRET", "canary-webhook-env-91fe"),
+                ("GITHUB_WEBHOOK_SECRET_FILE", &secret_file),
+            ],
+            "set GITHUB_WEBHOOK_SECRET or GITHUB_WEBHOOK_SECRET_FILE, not both",
+        ),
+        (
+            &[("FORGEJO_WEBHOOK_SECRET_FILE", "/nonexistent/webhook-secret")],
+            "FORGEJO_WEBHOOK_SECRET_FILE",
+        ),
+    ];
+    for (env, named) in cases {
+        let output = run_at_most_with(&listen, env, std::time::Duration::from_secs(60));
+        assert_eq!(
+            output.status.code(),
+            Some(64),
+            "{env:?}\n{}",
+            shown(&output)
+        );
+        let stderr = text(&output.stderr);
+        assert!(stderr.contains(named), "{env:?}: {named} not in {stderr}");
+        assert!(
+            !stderr.contains("canary-webhook"),
+            "a secret was printed: {stderr}"
+        );
+    }
 }
 
 #[test]

@@ -236,6 +236,48 @@ async fn reads_github_app_credentials_with_either_form_of_installation_id() {
     assert!(err.message.contains("\"private_key\""), "{}", err.message);
 }
 
+/// The App's webhook secret may sit beside its key: read as a secret, never shown; a field
+/// of the wrong kind is a configuration error that does not show it either.
+#[tokio::test]
+async fn reads_the_apps_webhook_secret_beside_its_key() {
+    let world = World::new().await;
+    let vault = world.client(None);
+    let key = "-----BEGIN RSA PRIVATE KEY-----\nMIIB\n-----END RSA PRIVATE KEY-----\n";
+    world.twin.put_secret(
+        "secret",
+        "github/app",
+        json!({"app_id": 1, "private_key": key, "webhook_secret": "canary-webhook-vault-52ab"}),
+    );
+    let app = vault.read_app_credentials("github/app").await.unwrap();
+    assert_eq!(
+        app.webhook_secret.as_ref().map(|s| s.expose_secret()),
+        Some("canary-webhook-vault-52ab")
+    );
+    assert!(!format!("{app:?}").contains("canary-webhook"), "{app:?}");
+
+    world.twin.put_secret(
+        "secret",
+        "github/app",
+        json!({"app_id": 1, "private_key": key}),
+    );
+    let app = vault.read_app_credentials("github/app").await.unwrap();
+    assert!(app.webhook_secret.is_none());
+
+    world.twin.put_secret(
+        "secret",
+        "github/app",
+        json!({"app_id": 1, "private_key": key, "webhook_secret": ["canary-webhook-vault-52ab"]}),
+    );
+    let err = vault.read_app_credentials("github/app").await.unwrap_err();
+    assert_eq!(err.class, ErrorClass::Configuration);
+    assert!(
+        err.message.contains("\"webhook_secret\""),
+        "{}",
+        err.message
+    );
+    assert!(!err.message.contains("canary-webhook"), "{}", err.message);
+}
+
 #[tokio::test]
 async fn paths_that_could_escape_the_mount_are_refused_before_any_request() {
     let world = World::new().await;

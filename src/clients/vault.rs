@@ -80,11 +80,13 @@ impl VaultSettings {
 }
 
 /// A GitHub App's credentials as stored in Vault (`app_id`, `private_key`, optional
-/// `installation_id`).
+/// `installation_id` and `webhook_secret`).
 pub struct AppSecret {
     pub app_id: String,
     pub private_key: SecretString,
     pub installation_id: Option<u64>,
+    /// The secret the App's webhook deliveries are signed with (`--webhook-listen`).
+    pub webhook_secret: Option<SecretString>,
 }
 
 impl std::fmt::Debug for AppSecret {
@@ -93,6 +95,10 @@ impl std::fmt::Debug for AppSecret {
             .field("app_id", &self.app_id)
             .field("private_key", &"[REDACTED]")
             .field("installation_id", &self.installation_id)
+            .field(
+                "webhook_secret",
+                &self.webhook_secret.as_ref().map(|_| "[REDACTED]"),
+            )
             .finish()
     }
 }
@@ -253,10 +259,25 @@ impl VaultKv {
                 return Err(self.field_error(path, "installation_id", Some(&other), "an integer"));
             }
         };
+        let webhook_secret = match secret.remove("webhook_secret") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if !s.trim().is_empty() => {
+                Some(SecretString::from(s.trim().to_string()))
+            }
+            Some(other) => {
+                return Err(self.field_error(
+                    path,
+                    "webhook_secret",
+                    Some(&other),
+                    "a non-empty string",
+                ));
+            }
+        };
         Ok(AppSecret {
             app_id,
             private_key,
             installation_id,
+            webhook_secret,
         })
     }
 

@@ -25,6 +25,16 @@ impl Daemon {
     /// Starts `runner-scaler` with `args`, the twins' environment and the App key in
     /// `key_file`.
     pub fn start(twins: &Twins, key_file: &TempFile, args: &[&str]) -> Daemon {
+        Daemon::start_with_env(twins, key_file, args, &[])
+    }
+
+    /// [`Daemon::start`], with `env` set on top of the twins' environment.
+    pub fn start_with_env(
+        twins: &Twins,
+        key_file: &TempFile,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Daemon {
         let mut command = Command::new(BIN);
         command
             .env_clear()
@@ -36,6 +46,9 @@ impl Daemon {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         for (key, value) in twins.daemon_env(key_file.path()) {
+            command.env(key, value);
+        }
+        for (key, value) in env {
             command.env(key, value);
         }
         let mut process = command.spawn().expect("start runner-scaler");
