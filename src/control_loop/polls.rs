@@ -33,9 +33,11 @@ const BUDGET_WINDOW: Duration = Duration::from_secs(3600);
 /// How much to stretch the read intervals of the repos that share `budget` so that it lasts
 /// until it resets instead of running out: what was spent so far in this window, projected
 /// at the same rate to the reset, against nine tenths of what remains (the rest is left for
-/// mints and registrations). 1 while a quarter or more of the budget remains.
+/// mints and registrations). 1 while a quarter or more of the budget remains, and once none
+/// does: an exhausted budget pauses its repos until the reset anyway (the GitHub client's
+/// pause), and a stretch would only delay the first read after it.
 pub fn budget_stretch(budget: &BudgetReading, now: DateTime<Utc>) -> f64 {
-    if budget.limit == 0 || budget.remaining * 4 >= budget.limit {
+    if budget.limit == 0 || budget.remaining == 0 || budget.remaining * 4 >= budget.limit {
         return 1.0;
     }
     let to_reset = (budget.reset_at - now)
@@ -318,8 +320,14 @@ mod tests {
                 stretch: 1.0,
             },
             Case {
-                name: "nothing left",
+                name: "nothing left: paused until the reset instead",
                 remaining: 0,
+                reset_in_s: 600,
+                stretch: 1.0,
+            },
+            Case {
+                name: "one request left",
+                remaining: 1,
                 reset_in_s: 600,
                 stretch: BUDGET_STRETCH_MAX,
             },

@@ -806,6 +806,11 @@ impl GitHubHttp {
             .github_primary_by_repo
             .entry(billing.repo.to_string())
             .or_default() += 1;
+        if window.used * 4 > BUDGET_LIMIT * 3 {
+            sim.faults
+                .low
+                .insert(billing.holder.clone(), window.reset_s());
+        }
         if window.used >= BUDGET_LIMIT {
             // The client pauses on `remaining: 0`; the world agrees the budget is out.
             sim.faults

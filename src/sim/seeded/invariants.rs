@@ -412,6 +412,16 @@ impl CapUse {
 /// for a parent it needs (any parent under a global cap, whose count needs every listing).
 fn fault_excuse(sim: &Sim, repo: &RepoName, route: &Route) -> Option<String> {
     let faults = &sim.faults;
+    if let Some(config) = sim.config.repos.get(repo)
+        && faults
+            .low
+            .get(&super::ports::budget_of(config))
+            .is_some_and(|reset| *reset > sim.t)
+    {
+        return Some(
+            "its rate-limit budget is low: reads stretched to last until the reset".into(),
+        );
+    }
     let hit = |scope: &Scope| faults.failing.contains(scope) || faults.injected_now.contains(scope);
     if hit(&Scope::Queue(repo.clone())) || hit(&Scope::Mint(repo.clone())) {
         return Some("forge fault".into());

@@ -60,6 +60,10 @@ pub struct Faults {
     pub injected_now: BTreeSet<Scope>,
     /// Rate-limit budget holder → the second its budget resets.
     pub exhausted: BTreeMap<String, u64>,
+    /// Rate-limit budget holder → the second its budget resets, while less than a quarter of
+    /// it remains: the daemon may read its repos less often so it lasts
+    /// (`control_loop::polls::budget_stretch`).
+    pub low: BTreeMap<String, u64>,
     pub injected_total: u64,
     /// The daemon found the parents of its children at least once (until then it holds
     /// every dispatch, and a failing discovery excuses that).
