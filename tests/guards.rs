@@ -64,7 +64,7 @@ impl ChildControl for ReReadSays {
 
 #[tokio::test]
 async fn a_child_no_longer_dead_when_re_read_is_vetoed_not_purged() {
-    let child = ChildId("ci-runner/dispatch-1764536461-0000002a".into());
+    let child = ChildId::new("ci-runner/dispatch-1764536461-0000002a", "default");
     let plan = Plan {
         purges: vec![child.clone()],
         ..Plan::default()
@@ -134,6 +134,7 @@ fn vault_repo(name: &str) -> RepoConfig {
         labels: None,
         search_labels_as_written: Default::default(),
         credential: Default::default(),
+        nomad_namespace: None,
     }
 }
 

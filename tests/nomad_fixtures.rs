@@ -94,7 +94,11 @@ async fn twin_with_child() -> (NomadTwin, TwinServer, ChildId) {
             },
         )
         .unwrap();
-    (twin, server, ChildId(reply.dispatched_job_id))
+    (
+        twin,
+        server,
+        ChildId::new(reply.dispatched_job_id, "default"),
+    )
 }
 
 #[tokio::test]
@@ -314,6 +318,7 @@ async fn client_reads_the_dispatch_read_and_purge_fixtures() {
     let dispatched = client
         .dispatch(&DispatchRequest {
             parent: "example".into(),
+            namespace: None,
             meta: DispatchMeta {
                 repo_url: "https://github.com/acme/api".into(),
                 labels: "self-hosted".into(),
@@ -326,7 +331,7 @@ async fn client_reads_the_dispatch_read_and_purge_fixtures() {
         .unwrap();
     assert_eq!(
         dispatched.child,
-        ChildId("example/dispatch-1485408778-81644024".into())
+        ChildId::new("example/dispatch-1485408778-81644024", "default")
     );
     assert!(!dispatched.deduplicated, "the fixture carries an EvalID");
 
@@ -353,6 +358,7 @@ async fn client_recognises_a_replay_by_its_missing_evaluation() {
     let dispatched = client(&server)
         .dispatch(&DispatchRequest {
             parent: "example".into(),
+            namespace: None,
             meta: DispatchMeta {
                 repo_url: "https://github.com/acme/api".into(),
                 labels: "self-hosted".into(),
