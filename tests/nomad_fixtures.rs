@@ -440,6 +440,14 @@ async fn twin_pages_listings_with_per_page_and_next_token() {
         .unwrap();
     assert!(!second.headers().contains_key("x-nomad-nexttoken"));
     let second: Value = second.json().await.unwrap();
-    assert_eq!(second[0]["ID"], token.as_str());
+    // Nomad's page token is `<namespace>.<id>` of the next page's first job.
+    assert_eq!(
+        format!(
+            "{}.{}",
+            second[0]["Namespace"].as_str().unwrap(),
+            second[0]["ID"].as_str().unwrap()
+        ),
+        token
+    );
     assert_ne!(first[0]["ID"], second[0]["ID"]);
 }

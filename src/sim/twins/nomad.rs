@@ -1298,15 +1298,17 @@ async fn list_jobs(State(twin): State<NomadTwin>, request: Request) -> Response 
 
     let state = twin.lock();
     // Nomad iterates its job table in (namespace, id) order and filters before paging (on the
-    // full job, not the stub: `Meta` is there without `meta=true`); the page token is the id
-    // of the first matching job of the next page.
+    // full job, not the stub: `Meta` is there without `meta=true`); the page token is
+    // `<namespace>.<id>` of the first matching job of the next page (`NamespaceIDTokenizer`
+    // in nomad/state/paginator: `.` is not allowed in a namespace name), whichever namespace
+    // was asked for.
     let mut matching: Vec<&TwinJob> = Vec::new();
     for job in state
         .jobs
         .values()
         .filter(|job| namespace == "*" || job.namespace == namespace)
         .filter(|job| job.id.starts_with(prefix))
-        .filter(|job| next_token.is_empty() || job.id.as_str() >= next_token)
+        .filter(|job| next_token.is_empty() || page_token(job).as_str() >= next_token)
     {
         match filter.as_ref().map_or(Ok(true), |f| f.matches(job)) {
             Ok(true) => matching.push(job),
@@ -1320,7 +1322,7 @@ async fn list_jobs(State(twin): State<NomadTwin>, request: Request) -> Response 
         }
     }
     let (page, next) = match per_page {
-        Some(n) if matching.len() > n => (&matching[..n], Some(matching[n].id.clone())),
+        Some(n) if matching.len() > n => (&matching[..n], Some(page_token(matching[n]))),
         _ => (&matching[..], None),
     };
     let stubs: Vec<Value> = page
@@ -1334,6 +1336,10 @@ async fn list_jobs(State(twin): State<NomadTwin>, request: Request) -> Response 
         headers.insert("X-Nomad-NextToken", value);
     }
     json_response(headers, Value::Array(stubs))
+}
+
+fn page_token(job: &TwinJob) -> String {
+    format!("{}.{}", job.namespace, job.id)
 }
 
 /// Everything under `/v1/job/`: the job id may contain `/` (children do), arrive escaped as
