@@ -453,8 +453,8 @@ fn unix_socket_path(addr: &Url) -> Result<std::path::PathBuf, String> {
 }
 
 impl NomadClient {
-    /// Builds the client; fails when the address is not an http(s) URL or the TLS files
-    /// cannot be read.
+    /// Builds the client; fails when the address is neither an http(s) URL nor a `unix:///`
+    /// socket path, or the TLS files cannot be read.
     pub fn new(settings: NomadSettings, timeout: Duration) -> Result<NomadClient, String> {
         let builder = client_builder("Nomad", &settings.tls, timeout)?;
         let (builder, base, socket) = match settings.addr.scheme() {
