@@ -148,6 +148,9 @@ pub struct SimulateArgs {
 #[derive(Debug, Args, Clone)]
 #[command(next_help_heading = "Settings")]
 pub struct DaemonArgs {
+    /// `http(s)://host:4646`, or `unix:///path/api.sock`: the task API socket Nomad 1.5 or
+    /// later gives a task (`unix://${NOMAD_SECRETS_DIR}/api.sock`), used with the workload
+    /// identity's token as NOMAD_TOKEN.
     #[arg(
         long,
         env = "NOMAD_ADDR",
@@ -155,8 +158,17 @@ pub struct DaemonArgs {
         hide_env_values = true
     )]
     pub nomad_addr: Url,
-    #[arg(long, env = "NOMAD_NAMESPACE", hide_env_values = true)]
-    pub nomad_namespace: Option<String>,
+    /// The Nomad namespace of the runner parent jobs of every repo whose document entry sets
+    /// no `nomadNamespace`; dispatches go there. Not NOMAD_NAMESPACE: Nomad sets that in
+    /// every task to the task's own namespace (the daemon's), not its runners'. Children
+    /// are listed in every namespace the token may read, whatever this says.
+    #[arg(
+        long,
+        env = "RUNNER_SCALER_RUNNER_NAMESPACE",
+        default_value = "ci-runners",
+        hide_env_values = true
+    )]
+    pub runner_namespace: String,
     #[arg(long, env = "NOMAD_REGION", hide_env_values = true)]
     pub nomad_region: Option<String>,
     #[arg(long, env = "NOMAD_CACERT", hide_env_values = true)]
@@ -407,6 +419,14 @@ impl DaemonArgs {
                 "--runner-scaler-config-key (RUNNER_SCALER_CONFIG_KEY) must name a Consul key"
                     .to_string(),
             );
+        }
+        if let Some(problem) = crate::config::parse::namespace_name_problem(&self.runner_namespace)
+        {
+            problems.push(format!(
+                "--runner-namespace (RUNNER_SCALER_RUNNER_NAMESPACE) {:?} is not a Nomad \
+                 namespace: it {problem}",
+                self.runner_namespace
+            ));
         }
         if self.pause_key.trim().is_empty() {
             problems

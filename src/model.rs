@@ -198,15 +198,37 @@ impl fmt::Display for BucketKey {
     }
 }
 
-/// The id of one dispatched child job: `<parent>/dispatch-<unix>-<8 hex>`.
+/// One dispatched child job: `.0` its id, `<parent>/dispatch-[<prefix>-]<unix>-<8 hex>`,
+/// and `.1` the Nomad namespace it lives in. Ids are unique only within a namespace, and
+/// every read, stop and purge of a child names its namespace, so the two travel together.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ChildId(pub String);
+pub struct ChildId(pub String, pub String);
 
+impl ChildId {
+    pub fn new(id: impl Into<String>, namespace: impl Into<String>) -> ChildId {
+        ChildId(id.into(), namespace.into())
+    }
+
+    /// The job id, as `nomad job status` takes it.
+    pub fn id(&self) -> &str {
+        &self.0
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.1
+    }
+}
+
+/// The job id alone: log lines name the namespace where it matters (the Nomad client's
+/// errors do).
 impl fmt::Display for ChildId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
 }
+
+/// Nomad's namespace when a request names none.
+pub const NOMAD_DEFAULT_NAMESPACE: &str = "default";
 
 /// Value of the `managed_by` meta key that marks a child as ours.
 pub const MANAGED_BY: &str = "runner-scaler";

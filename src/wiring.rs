@@ -127,7 +127,7 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
         NomadSettings {
             addr: args.nomad_addr.clone(),
             token: read_secret("NOMAD_TOKEN")?,
-            namespace: args.nomad_namespace.clone(),
+            namespace: Some(args.runner_namespace.clone()),
             region: args.nomad_region.clone(),
             tls: TlsFiles {
                 ca_cert: args.nomad_cacert.clone(),

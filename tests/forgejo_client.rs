@@ -89,6 +89,7 @@ fn forgejo_repo(base_url: &str, labels: &[&str]) -> RepoConfig {
         labels: Some(labels.iter().map(|l| l.to_lowercase()).collect()),
         search_labels_as_written: labels.iter().map(|l| l.to_string()).collect(),
         credential: Default::default(),
+        nomad_namespace: None,
     }
 }
 

@@ -107,6 +107,7 @@ async fn no_secret_reaches_the_logs_or_an_error_at_trace_level() {
         labels: Some(BTreeSet::from(["build".to_string()])),
         search_labels_as_written: BTreeSet::from(["build".to_string()]),
         credential: Default::default(),
+        nomad_namespace: None,
     };
 
     let mut errors: Vec<String> = Vec::new();

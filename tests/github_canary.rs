@@ -64,6 +64,7 @@ fn repo(name: &str, mode: Mode) -> RepoConfig {
         labels: None,
         search_labels_as_written: Default::default(),
         credential: Default::default(),
+        nomad_namespace: None,
     }
 }
 

@@ -96,6 +96,7 @@ fn app_repo(name: &str) -> RepoConfig {
         labels: None,
         search_labels_as_written: Default::default(),
         credential: Default::default(),
+        nomad_namespace: None,
     }
 }
 

@@ -637,6 +637,7 @@ async fn the_client_reads_the_documentation_examples() {
         labels: None,
         search_labels_as_written: Default::default(),
         credential: Default::default(),
+        nomad_namespace: None,
     };
     let jobs = client.list_jobs(&repo).await.unwrap();
     assert_eq!(

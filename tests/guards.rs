@@ -82,7 +82,7 @@ impl RegisteredRunners for DeletedRunners {
 
 #[tokio::test]
 async fn a_child_no_longer_dead_when_re_read_is_vetoed_not_purged_and_keeps_its_runner() {
-    let child = ChildId("forgejo-build-runner/dispatch-1764536461-0000002a".into());
+    let child = ChildId::new("forgejo-build-runner/dispatch-1764536461-0000002a", "default");
     let plan = Plan {
         purges: vec![child.clone()],
         ..Plan::default()
@@ -173,6 +173,7 @@ fn vault_repo(name: &str) -> RepoConfig {
         labels: None,
         search_labels_as_written: Default::default(),
         credential: Default::default(),
+        nomad_namespace: None,
     }
 }
 

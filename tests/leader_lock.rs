@@ -121,10 +121,10 @@ impl ChildControl for NomadPort {
         tokio::time::sleep(self.transit).await;
         self.nomad.land(&self.daemon);
         Ok(Dispatched {
-            child: ChildId(format!(
-                "{}/dispatch-{}",
-                request.parent, request.idempotency_token
-            )),
+            child: ChildId::new(
+                format!("{}/dispatch-{}", request.parent, request.idempotency_token),
+                "default",
+            ),
             deduplicated: false,
         })
     }
@@ -153,6 +153,7 @@ impl ChildControl for NomadPort {
 fn request(n: u64) -> DispatchRequest {
     DispatchRequest {
         parent: "ci-runner".into(),
+        namespace: None,
         meta: DispatchMeta {
             repo_url: "https://github.com/acme/api".into(),
             labels: "self-hosted".into(),

@@ -48,6 +48,7 @@ fn client_with(settings: NomadSettings) -> NomadClient {
 fn request(parent: &str, token: Option<&str>, idempotency_token: &str) -> DispatchRequest {
     DispatchRequest {
         parent: parent.to_string(),
+        namespace: None,
         meta: DispatchMeta {
             repo_url: "https://github.com/acme/api".to_string(),
             labels: "linux,self-hosted".to_string(),
@@ -116,7 +117,7 @@ async fn hand_dispatched_children_are_foreign() {
     let children = cluster.client().list_children("ci-runner").await.unwrap();
 
     assert_eq!(children.len(), 1);
-    assert_eq!(children[0].id, ChildId(id));
+    assert_eq!(children[0].id, ChildId::new(id, "default"));
     assert!(!children[0].ours);
 }
 
@@ -162,7 +163,7 @@ async fn a_fresh_dispatch_is_a_pending_unplaced_child_with_our_meta() {
         dispatched
             .child
             .0
-            .starts_with("ci-runner/dispatch-1700000000-"),
+            .starts_with("ci-runner/dispatch-acme-api-1700000000-"),
         "{}",
         dispatched.child
     );
@@ -242,7 +243,7 @@ async fn unpermitted_meta_is_a_configuration_error_naming_the_parent() {
     assert_eq!(error.class, ErrorClass::Configuration);
     assert_eq!(
         error.message,
-        "dispatch ci-runner for acme/api: 500 Dispatch request included unpermitted metadata keys: [managed_by]"
+        "dispatch ci-runner in namespace default for acme/api: 500 Dispatch request included unpermitted metadata keys: [managed_by]"
     );
     assert!(!error.message.contains(CANARY));
 }
@@ -469,7 +470,7 @@ async fn an_outage_is_transient() {
         .await
         .unwrap_err();
     let status = client
-        .child_status(&ChildId("ci-runner/dispatch-1-00000000".into()))
+        .child_status(&ChildId::new("ci-runner/dispatch-1-00000000", "default"))
         .await
         .unwrap_err();
 
@@ -524,16 +525,25 @@ async fn namespace_and_region_go_on_every_call() {
     let status = client.child_status(&child).await.unwrap();
     client.purge(&child).await.unwrap();
 
-    assert_eq!(children.len(), 1, "only the ci-runners namespace");
-    assert_eq!(children[0].id, child);
+    // Listed across namespaces: ours in ci-runners and the hand-dispatched one in default.
+    assert_eq!(children.len(), 2);
+    let ours: Vec<_> = children.iter().filter(|c| c.ours).collect();
+    assert_eq!(ours.len(), 1);
+    assert_eq!(ours[0].id, child);
+    assert_eq!(child.namespace(), "ci-runners");
     assert_eq!(status, Some(ChildStatus::Pending));
     assert_eq!(cluster.twin.job(&child.0), None);
     let requests = cluster.twin.requests();
     assert_eq!(requests.len(), 4);
     for request in requests {
+        let expected = if request.path == "/v1/jobs" {
+            "*"
+        } else {
+            "ci-runners"
+        };
         assert_eq!(
             request.query_param("namespace").as_deref(),
-            Some("ci-runners"),
+            Some(expected),
             "{request:?}"
         );
         assert_eq!(request.query_param("region").as_deref(), Some("eu"));

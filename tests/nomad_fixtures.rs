@@ -94,7 +94,11 @@ async fn twin_with_child() -> (NomadTwin, TwinServer, ChildId) {
             },
         )
         .unwrap();
-    (twin, server, ChildId(reply.dispatched_job_id))
+    (
+        twin,
+        server,
+        ChildId::new(reply.dispatched_job_id, "default"),
+    )
 }
 
 #[tokio::test]
@@ -314,6 +318,7 @@ async fn client_reads_the_dispatch_read_and_purge_fixtures() {
     let dispatched = client
         .dispatch(&DispatchRequest {
             parent: "example".into(),
+            namespace: None,
             meta: DispatchMeta {
                 repo_url: "https://github.com/acme/api".into(),
                 labels: "self-hosted".into(),
@@ -326,7 +331,7 @@ async fn client_reads_the_dispatch_read_and_purge_fixtures() {
         .unwrap();
     assert_eq!(
         dispatched.child,
-        ChildId("example/dispatch-1485408778-81644024".into())
+        ChildId::new("example/dispatch-1485408778-81644024", "default")
     );
     assert!(!dispatched.deduplicated, "the fixture carries an EvalID");
 
@@ -353,6 +358,7 @@ async fn client_recognises_a_replay_by_its_missing_evaluation() {
     let dispatched = client(&server)
         .dispatch(&DispatchRequest {
             parent: "example".into(),
+            namespace: None,
             meta: DispatchMeta {
                 repo_url: "https://github.com/acme/api".into(),
                 labels: "self-hosted".into(),
@@ -434,6 +440,14 @@ async fn twin_pages_listings_with_per_page_and_next_token() {
         .unwrap();
     assert!(!second.headers().contains_key("x-nomad-nexttoken"));
     let second: Value = second.json().await.unwrap();
-    assert_eq!(second[0]["ID"], token.as_str());
+    // Nomad's page token is `<namespace>.<id>` of the next page's first job.
+    assert_eq!(
+        format!(
+            "{}.{}",
+            second[0]["Namespace"].as_str().unwrap(),
+            second[0]["ID"].as_str().unwrap()
+        ),
+        token
+    );
     assert_ne!(first[0]["ID"], second[0]["ID"]);
 }

@@ -58,6 +58,7 @@ impl Cluster {
         self.client()
             .dispatch(&DispatchRequest {
                 parent: parent.to_string(),
+                namespace: None,
                 meta: DispatchMeta {
                     repo_url: "https://github.com/acme/api".to_string(),
                     labels: "self-hosted".to_string(),
@@ -136,7 +137,7 @@ async fn an_allocation_is_live_while_pending_running_or_disconnected_and_not_onc
     );
 
     // Nomad answers `[]`, not 404, for a job it does not know.
-    let unknown = ChildId("ci-runner/dispatch-1-00000000".into());
+    let unknown = ChildId::new("ci-runner/dispatch-1-00000000", "default");
     assert!(!client.has_live_allocation(&unknown).await.unwrap());
 
     let asked: Vec<String> = cluster
@@ -262,7 +263,7 @@ async fn stopping_an_unplaced_or_unknown_child_is_harmless() {
     assert!(cluster.allocations(&unplaced).await.is_empty());
 
     // Nomad answers 200 with zero-valued fields for a job it does not know.
-    let unknown = ChildId("ci-runner/dispatch-1-00000000".into());
+    let unknown = ChildId::new("ci-runner/dispatch-1-00000000", "default");
     client.stop(&unknown).await.unwrap();
     assert!(!cluster.twin.was_stopped(&unknown.0));
     assert!(cluster.twin.deregistrations().iter().any(|d| !d.existed));

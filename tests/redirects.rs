@@ -178,6 +178,7 @@ async fn forgejo_does_not_follow_a_redirect() {
         labels: Some(BTreeSet::from(["docker".to_string()])),
         search_labels_as_written: BTreeSet::from(["docker".to_string()]),
         credential: Default::default(),
+        nomad_namespace: None,
     };
     let error = forgejo.list_jobs(&repo).await.unwrap_err();
     world.assert_not_followed("authorization", &error);

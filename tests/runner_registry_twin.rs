@@ -81,6 +81,7 @@ fn app_repo(repo: &RepoName) -> RepoConfig {
         labels: None,
         search_labels_as_written: Default::default(),
         credential: Default::default(),
+        nomad_namespace: None,
     }
 }
 

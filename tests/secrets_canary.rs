@@ -141,6 +141,7 @@ async fn world() -> World {
     let env = BTreeMap::from([
         ("NOMAD_ADDR", servers[2].base_url()),
         ("NOMAD_TOKEN", NOMAD_TOKEN.to_string()),
+        ("RUNNER_SCALER_RUNNER_NAMESPACE", "default".to_string()),
         ("CONSUL_HTTP_ADDR", servers[3].base_url()),
         ("CONSUL_HTTP_TOKEN", CONSUL_TOKEN.to_string()),
         ("VAULT_ADDR", servers[4].base_url()),

@@ -241,6 +241,7 @@ pub async fn carry_out(
         };
         let request = DispatchRequest {
             parent: parent.clone(),
+            namespace: repo.nomad_namespace.clone(),
             meta: DispatchMeta {
                 repo_url: registrar.repo_url(repo),
                 labels: bucket.labels.to_meta(),

@@ -175,6 +175,9 @@ pub struct DispatchMeta {
 #[derive(Debug)]
 pub struct DispatchRequest {
     pub parent: String,
+    /// The parent's namespace: the repo's `nomadNamespace`; `None` for the daemon's
+    /// `--runner-namespace`.
+    pub namespace: Option<String>,
     pub meta: DispatchMeta,
     /// Fresh per planned dispatch; reused only when retrying that same request.
     pub idempotency_token: String,

@@ -35,6 +35,18 @@ pub fn build_client(
     tls: &TlsFiles,
     timeout: Duration,
 ) -> Result<reqwest::Client, String> {
+    client_builder(service, tls, timeout)?
+        .build()
+        .map_err(|e| format!("build {service} HTTP client: {e}"))
+}
+
+/// The builder behind [`build_client`], for a client that needs one more setting (Nomad's
+/// task API socket).
+pub fn client_builder(
+    service: &str,
+    tls: &TlsFiles,
+    timeout: Duration,
+) -> Result<reqwest::ClientBuilder, String> {
     install_crypto_provider();
     // Every request carries a token in a header (`X-Nomad-Token`, `Authorization: token`).
     // reqwest follows redirects by default and strips only `Authorization`-type headers when
@@ -68,9 +80,7 @@ pub fn build_client(
             ));
         }
     }
-    builder
-        .build()
-        .map_err(|e| format!("build {service} HTTP client: {e}"))
+    Ok(builder)
 }
 
 /// Classifies a transport failure (no HTTP status): always transient. One line: what was
@@ -80,13 +90,7 @@ pub fn transport_error(
     doing: impl std::fmt::Display,
     e: &reqwest::Error,
 ) -> PortError {
-    let what = if e.is_timeout() {
-        "timed out"
-    } else if e.is_connect() {
-        "cannot connect"
-    } else {
-        "request failed"
-    };
+    let what = what_failed(e);
     let doing = doing.to_string();
     let origin = e.url().map(|u| u.origin().ascii_serialization());
     // Said once: a caller that talks to several instances (Forgejo) names the one already.
@@ -97,6 +101,31 @@ pub fn transport_error(
     PortError::new(
         ErrorClass::Transient,
         format!("{doing}: {whom}{what}: {}", root_cause(e)),
+    )
+}
+
+fn what_failed(e: &reqwest::Error) -> &'static str {
+    if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "cannot connect"
+    } else {
+        "request failed"
+    }
+}
+
+/// [`transport_error`] for a client whose requests' URLs do not say where they went (a Unix
+/// socket): `at` names the place instead.
+pub fn transport_error_at(
+    service: &str,
+    at: &str,
+    doing: impl std::fmt::Display,
+    e: &reqwest::Error,
+) -> PortError {
+    let what = what_failed(e);
+    PortError::new(
+        ErrorClass::Transient,
+        format!("{doing}: {service} at {at}: {what}: {}", root_cause(e)),
     )
 }
 

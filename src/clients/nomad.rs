@@ -4,6 +4,14 @@
 //! dispatch meta key, including the `runner_token` the daemon passed in (BRIEF lesson 9): the
 //! wire type of a job's meta has fields for the four keys the daemon reads and nothing else,
 //! so serde skips every other key without ever storing it.
+//!
+//! Namespaces: children are listed across all of them (`namespace=*`), so every child of
+//! ours is found whatever the document says, and each one carries its namespace, to which
+//! its reads, stop and purge go. Dispatches go to the repo's namespace (`nomadNamespace`),
+//! else to `--runner-namespace`.
+//!
+//! `NOMAD_ADDR` may be `unix:///path/api.sock`, the task API socket Nomad (1.5 or later)
+//! gives a task with a workload identity; requests then go over that socket.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -17,9 +25,10 @@ use url::Url;
 
 use crate::act::{ChildControl, DispatchRequest, Dispatched};
 use crate::clients::http::{
-    TlsFiles, build_client, class_of_status, redirect_refused, transport_error,
+    TlsFiles, class_of_status, client_builder, redirect_refused, transport_error,
+    transport_error_at,
 };
-use crate::model::{ChildId, ErrorClass, MANAGED_BY, RunnerName};
+use crate::model::{ChildId, ErrorClass, MANAGED_BY, NOMAD_DEFAULT_NAMESPACE, RunnerName};
 use crate::observe::{Child, ChildSource, ChildStatus, Placement, PortError};
 
 /// The header Nomad reads the ACL token from.
@@ -49,13 +58,16 @@ const DISPATCH_CONFIGURATION_ERRORS: &[&str] = &[
     "dispatch job priority must be between",
 ];
 
-/// Where and how to reach Nomad: `NOMAD_ADDR`, `NOMAD_TOKEN`, `NOMAD_NAMESPACE`,
-/// `NOMAD_REGION`, `NOMAD_CACERT`, `NOMAD_CLIENT_CERT`, `NOMAD_CLIENT_KEY`.
+/// Where and how to reach Nomad: `NOMAD_ADDR`, `NOMAD_TOKEN`, `NOMAD_REGION`,
+/// `NOMAD_CACERT`, `NOMAD_CLIENT_CERT`, `NOMAD_CLIENT_KEY`, and `--runner-namespace`.
 #[derive(Clone, Debug)]
 pub struct NomadSettings {
+    /// `http(s)://…`, or `unix:///path` for Nomad's task API socket.
     pub addr: Url,
     pub token: Option<SecretString>,
-    /// Sent as `?namespace=` on every call; Nomad's default namespace when `None`.
+    /// Where the parents of a repo that names no `nomadNamespace` live (`--runner-namespace`);
+    /// Nomad's `default` namespace when `None`. Never `NOMAD_NAMESPACE`: Nomad sets that in
+    /// every task to the task's own namespace, the daemon's, not its runners'.
     pub namespace: Option<String>,
     /// Sent as `?region=` on every call; the agent's own region when `None`.
     pub region: Option<String>,
@@ -80,6 +92,10 @@ impl NomadSettings {
 pub struct NomadClient {
     http: reqwest::Client,
     settings: NomadSettings,
+    /// Where requests go: `addr`, or for a Unix socket a stand-in origin the socket ignores.
+    base: Url,
+    /// The socket's path when `addr` is `unix://…`, named in transport errors.
+    socket: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for NomadClient {
@@ -107,6 +123,10 @@ struct JobStubWire {
     submit_time: Option<i64>,
     #[serde(rename = "Meta", default)]
     meta: Option<ChildMetaWire>,
+    /// Present on every stub; a Nomad without namespaces (before 1.0 open source) has only
+    /// `default`.
+    #[serde(rename = "Namespace", default)]
+    namespace: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -152,6 +172,12 @@ struct ChildMetaWire {
 struct DispatchBodyWire<'a> {
     #[serde(rename = "Meta")]
     meta: DispatchMetaWire<'a>,
+    /// Put by Nomad (1.5 or later) between `dispatch-` and the time in the child's id, so an
+    /// operator reads the repo off `nomad job status`. An older Nomad decodes the body without
+    /// refusing unknown fields (`decodeBody` in command/agent/http.go) and ignores it: the id
+    /// keeps its plain form, which the daemon recognises the same way.
+    #[serde(rename = "IdPrefixTemplate", skip_serializing_if = "str::is_empty")]
+    id_prefix_template: &'a str,
 }
 
 /// Borrowed for the one serialisation of the request body; never `Debug`.
@@ -294,7 +320,12 @@ fn child_from_stub(parent: &str, stub: JobStubWire) -> Result<Child, String> {
     let meta = stub.meta.unwrap_or_default();
     Ok(Child {
         placement: placement_of(stub.job_summary.as_ref()),
-        id: ChildId(stub.id),
+        id: ChildId(
+            stub.id,
+            stub.namespace
+                .filter(|ns| !ns.is_empty())
+                .unwrap_or_else(|| NOMAD_DEFAULT_NAMESPACE.to_string()),
+        ),
         parent: parent.to_string(),
         status,
         ours: meta.managed_by.as_deref() == Some(MANAGED_BY),
@@ -336,6 +367,30 @@ fn children_of(parent: &str, stubs: Vec<JobStubWire>) -> Result<Vec<Child>, Stri
 
 fn dispatch_prefix(parent: &str) -> String {
     format!("{parent}/dispatch-")
+}
+
+/// Longest `IdPrefixTemplate` sent: the repo is for reading, the time and random suffix keep
+/// the id unique.
+const ID_PREFIX_CHARS_MAX: usize = 40;
+
+/// The repo of `repo_url` as a piece of a Nomad job id: `acme-api` for
+/// `https://github.com/acme/api`. Only `[a-z0-9-]`, so the child id has no `/` after
+/// `dispatch-` (the listing's fallback for stubs without `ParentID` relies on that) and
+/// nothing that needs escaping in a URL or a shell.
+fn id_prefix_of(repo_url: &str) -> String {
+    let mut prefix = String::new();
+    for c in repo_of(repo_url).chars() {
+        let c = c.to_ascii_lowercase();
+        if c.is_ascii_lowercase() || c.is_ascii_digit() {
+            prefix.push(c);
+        } else if !prefix.is_empty() && !prefix.ends_with('-') {
+            prefix.push('-');
+        }
+        if prefix.len() >= ID_PREFIX_CHARS_MAX {
+            break;
+        }
+    }
+    prefix.trim_end_matches('-').to_string()
 }
 
 /// Classifies a Nomad error response. Nomad answers dispatch validation failures with HTTP
@@ -385,18 +440,57 @@ fn repo_of(repo_url: &str) -> String {
     }
 }
 
+/// The socket of a `unix:///path` address: an absolute path, no host.
+fn unix_socket_path(addr: &Url) -> Result<std::path::PathBuf, String> {
+    let path = addr.path();
+    if addr.host_str().is_some_and(|h| !h.is_empty()) || !path.starts_with('/') || path == "/" {
+        return Err(format!(
+            "NOMAD_ADDR {addr} does not name a socket by its absolute path \
+             (unix:///path/to/api.sock)"
+        ));
+    }
+    Ok(std::path::PathBuf::from(path))
+}
+
 impl NomadClient {
-    /// Builds the client; fails when the address is not an http(s) URL or the TLS files
-    /// cannot be read.
+    /// Builds the client; fails when the address is neither an http(s) URL nor a `unix:///`
+    /// socket path, or the TLS files cannot be read.
     pub fn new(settings: NomadSettings, timeout: Duration) -> Result<NomadClient, String> {
-        if !matches!(settings.addr.scheme(), "http" | "https") || settings.addr.cannot_be_a_base() {
-            return Err(format!(
-                "NOMAD_ADDR {} is not an http:// or https:// URL",
-                settings.addr
-            ));
-        }
-        let http = build_client("Nomad", &settings.tls, timeout)?;
-        Ok(NomadClient { http, settings })
+        let builder = client_builder("Nomad", &settings.tls, timeout)?;
+        let (builder, base, socket) = match settings.addr.scheme() {
+            "http" | "https" if !settings.addr.cannot_be_a_base() => {
+                (builder, settings.addr.clone(), None)
+            }
+            "unix" => {
+                let path = unix_socket_path(&settings.addr)?;
+                // The socket answers whatever the Host; the origin only shapes the requests.
+                let base = Url::parse("http://localhost/").expect("a valid URL");
+                (builder.unix_socket(path.as_path()), base, Some(path))
+            }
+            _ => {
+                return Err(format!(
+                    "NOMAD_ADDR {} is not an http://, https:// or unix:// address",
+                    settings.addr
+                ));
+            }
+        };
+        let http = builder
+            .build()
+            .map_err(|e| format!("build Nomad HTTP client: {e}"))?;
+        Ok(NomadClient {
+            http,
+            settings,
+            base,
+            socket,
+        })
+    }
+
+    /// Where a dispatch goes when the request names no namespace.
+    fn default_namespace(&self) -> &str {
+        self.settings
+            .namespace
+            .as_deref()
+            .unwrap_or(NOMAD_DEFAULT_NAMESPACE)
     }
 
     pub fn settings(&self) -> &NomadSettings {
@@ -405,7 +499,7 @@ impl NomadClient {
 
     /// `<addr>/v1/<segments…>`, each segment path-escaped (a child id's `/` becomes `%2F`).
     fn url(&self, segments: &[&str]) -> Url {
-        let mut url = self.settings.addr.clone();
+        let mut url = self.base.clone();
         {
             let mut path = url
                 .path_segments_mut()
@@ -418,14 +512,20 @@ impl NomadClient {
         url
     }
 
-    /// A request with the token header and the namespace and region parameters.
-    fn request(&self, method: reqwest::Method, url: Url) -> reqwest::RequestBuilder {
-        let mut request = self.http.request(method, url);
+    /// A request with the token header and the namespace and region parameters: `*` lists
+    /// across every namespace the token may see.
+    fn request(
+        &self,
+        method: reqwest::Method,
+        url: Url,
+        namespace: &str,
+    ) -> reqwest::RequestBuilder {
+        let mut request = self
+            .http
+            .request(method, url)
+            .query(&[("namespace", namespace)]);
         if let Some(token) = &self.settings.token {
             request = request.header(TOKEN_HEADER, token.expose_secret());
-        }
-        if let Some(namespace) = &self.settings.namespace {
-            request = request.query(&[("namespace", namespace)]);
         }
         if let Some(region) = &self.settings.region {
             request = request.query(&[("region", region)]);
@@ -444,7 +544,7 @@ impl NomadClient {
             crate::metrics::Service::Nomad,
             response.as_ref().ok().map(|r| r.status().as_u16()),
         );
-        let response = response.map_err(|e| transport_error("Nomad", doing, &e))?;
+        let response = response.map_err(|e| self.transport_error(doing, &e))?;
         let status = response.status();
         if status.is_success() {
             return Ok(response);
@@ -459,14 +559,27 @@ impl NomadClient {
         ))
     }
 
+    fn transport_error(&self, doing: &str, e: &reqwest::Error) -> PortError {
+        match &self.socket {
+            Some(path) => transport_error_at(
+                "Nomad",
+                &format!("unix socket {}", path.display()),
+                doing,
+                e,
+            ),
+            None => transport_error("Nomad", doing, e),
+        }
+    }
+
     async fn json<T: serde::de::DeserializeOwned>(
+        &self,
         doing: &str,
         response: reqwest::Response,
     ) -> Result<T, PortError> {
         let bytes = response
             .bytes()
             .await
-            .map_err(|e| transport_error("Nomad", doing, &e))?;
+            .map_err(|e| self.transport_error(doing, &e))?;
         serde_json::from_slice(&bytes).map_err(|e| {
             PortError::new(
                 ErrorClass::Malformed,
@@ -474,6 +587,14 @@ impl NomadClient {
             )
         })
     }
+}
+
+/// The `namespace` of the listings: every namespace the token may list jobs in.
+const ALL_NAMESPACES: &str = "*";
+
+/// `<id> in namespace <ns>`, what an operator needs for `nomad job status -namespace`.
+fn shown_child(child: &ChildId) -> String {
+    format!("{} in namespace {}", child.id(), child.namespace())
 }
 
 /// Nomad's filter for the children the daemon dispatched (go-bexpr, evaluated by the server
@@ -490,13 +611,14 @@ struct ParentOfWire {
 impl ChildSource for NomadClient {
     #[tracing::instrument(skip_all, fields(child = %child))]
     async fn runner_exit_code(&self, child: &ChildId) -> Result<Option<i32>, PortError> {
-        let doing = format!("read how the runner of {child} ended");
+        let doing = format!("read how the runner of {} ended", shown_child(child));
         let request = self.request(
             reqwest::Method::GET,
-            self.url(&["job", &child.0, "allocations"]),
+            self.url(&["job", child.id(), "allocations"]),
+            child.namespace(),
         );
         let response = self.send(&doing, request).await?;
-        let allocations: Vec<AllocStubWire> = Self::json(&doing, response).await?;
+        let allocations: Vec<AllocStubWire> = self.json(&doing, response).await?;
         Ok(runner_exit_code(&allocations))
     }
 
@@ -507,7 +629,7 @@ impl ChildSource for NomadClient {
         let mut next_token: Option<String> = None;
         for _ in 0..LIST_PAGES_MAX {
             let mut request = self
-                .request(reqwest::Method::GET, self.url(&["jobs"]))
+                .request(reqwest::Method::GET, self.url(&["jobs"]), ALL_NAMESPACES)
                 .query(&[("filter", OUR_CHILDREN_FILTER)]);
             if let Some(token) = &next_token {
                 request = request.query(&[("next_token", token.as_str())]);
@@ -519,7 +641,7 @@ impl ChildSource for NomadClient {
                 .and_then(|v| v.to_str().ok())
                 .filter(|v| !v.is_empty())
                 .map(str::to_string);
-            let stubs: Vec<ParentOfWire> = Self::json(doing, response).await?;
+            let stubs: Vec<ParentOfWire> = self.json(doing, response).await?;
             parents.extend(
                 stubs
                     .into_iter()
@@ -544,7 +666,7 @@ impl ChildSource for NomadClient {
         let mut next_token: Option<String> = None;
         for _ in 0..LIST_PAGES_MAX {
             let mut request = self
-                .request(reqwest::Method::GET, self.url(&["jobs"]))
+                .request(reqwest::Method::GET, self.url(&["jobs"]), ALL_NAMESPACES)
                 .query(&[("prefix", prefix.as_str()), ("meta", "true")]);
             if let Some(token) = &next_token {
                 request = request.query(&[("next_token", token.as_str())]);
@@ -556,7 +678,7 @@ impl ChildSource for NomadClient {
                 .and_then(|v| v.to_str().ok())
                 .filter(|v| !v.is_empty())
                 .map(str::to_string);
-            let stubs: Vec<JobStubWire> = Self::json(&doing, response).await?;
+            let stubs: Vec<JobStubWire> = self.json(&doing, response).await?;
             let missing_meta = !stubs.is_empty() && stubs.iter().all(|s| s.meta.is_none());
             children.extend(children_of(parent, stubs).map_err(|e| {
                 // A Nomad without `meta=true` stays so: held like a configuration error,
@@ -584,12 +706,18 @@ impl ChildControl for NomadClient {
     #[tracing::instrument(skip_all, fields(parent = %request.parent))]
     async fn dispatch(&self, request: &DispatchRequest) -> Result<Dispatched, PortError> {
         let meta = &request.meta;
+        let namespace = request
+            .namespace
+            .as_deref()
+            .unwrap_or_else(|| self.default_namespace());
         let doing = format!(
-            "dispatch {} for {}",
+            "dispatch {} in namespace {namespace} for {}",
             request.parent,
             repo_of(&meta.repo_url)
         );
+        let id_prefix_template = id_prefix_of(&meta.repo_url);
         let body = DispatchBodyWire {
+            id_prefix_template: &id_prefix_template,
             meta: DispatchMetaWire {
                 repo_url: &meta.repo_url,
                 labels: &meta.labels,
@@ -605,11 +733,12 @@ impl ChildControl for NomadClient {
             .request(
                 reqwest::Method::POST,
                 self.url(&["job", &request.parent, "dispatch"]),
+                namespace,
             )
             .query(&[("idempotency_token", request.idempotency_token.as_str())])
             .json(&body);
         let response = self.send(&doing, http_request).await?;
-        let reply: DispatchResponseWire = Self::json(&doing, response).await?;
+        let reply: DispatchResponseWire = self.json(&doing, response).await?;
         if reply.dispatched_job_id.is_empty() {
             return Err(PortError::new(
                 ErrorClass::Malformed,
@@ -622,15 +751,19 @@ impl ChildControl for NomadClient {
         // periodic parameterized parent creates no eval either; runner parents never are.)
         let deduplicated = reply.eval_id.is_empty() && reply.eval_create_index == 0;
         Ok(Dispatched {
-            child: ChildId(reply.dispatched_job_id),
+            child: ChildId(reply.dispatched_job_id, namespace.to_string()),
             deduplicated,
         })
     }
 
     #[tracing::instrument(skip_all, fields(child = %child))]
     async fn child_status(&self, child: &ChildId) -> Result<Option<ChildStatus>, PortError> {
-        let doing = format!("read child {child}");
-        let request = self.request(reqwest::Method::GET, self.url(&["job", &child.0]));
+        let doing = format!("read child {}", shown_child(child));
+        let request = self.request(
+            reqwest::Method::GET,
+            self.url(&["job", child.id()]),
+            child.namespace(),
+        );
         let response = match self.send(&doing, request).await {
             Ok(response) => response,
             // `job not found`: purged or garbage-collected, i.e. gone.
@@ -638,7 +771,7 @@ impl ChildControl for NomadClient {
             Err(e) => return Err(e),
         };
         // The full job carries every meta key, secrets included; only `Status` is read.
-        let job: JobWire = Self::json(&doing, response).await?;
+        let job: JobWire = self.json(&doing, response).await?;
         parse_status(&job.status).map(Some).ok_or_else(|| {
             PortError::new(
                 ErrorClass::Malformed,
@@ -649,9 +782,13 @@ impl ChildControl for NomadClient {
 
     #[tracing::instrument(skip_all, fields(child = %child))]
     async fn purge(&self, child: &ChildId) -> Result<(), PortError> {
-        let doing = format!("purge child {child}");
+        let doing = format!("purge child {}", shown_child(child));
         let request = self
-            .request(reqwest::Method::DELETE, self.url(&["job", &child.0]))
+            .request(
+                reqwest::Method::DELETE,
+                self.url(&["job", child.id()]),
+                child.namespace(),
+            )
             .query(&[("purge", "true")]);
         self.send(&doing, request).await?;
         Ok(())
@@ -659,13 +796,14 @@ impl ChildControl for NomadClient {
 
     #[tracing::instrument(skip_all, fields(child = %child))]
     async fn has_live_allocation(&self, child: &ChildId) -> Result<bool, PortError> {
-        let doing = format!("read allocations of {child}");
+        let doing = format!("read allocations of {}", shown_child(child));
         let request = self.request(
             reqwest::Method::GET,
-            self.url(&["job", &child.0, "allocations"]),
+            self.url(&["job", child.id(), "allocations"]),
+            child.namespace(),
         );
         let response = self.send(&doing, request).await?;
-        let allocations: Vec<AllocStubWire> = Self::json(&doing, response).await?;
+        let allocations: Vec<AllocStubWire> = self.json(&doing, response).await?;
         Ok(allocations
             .iter()
             .any(|a| allocation_is_live(&a.client_status)))
@@ -673,8 +811,12 @@ impl ChildControl for NomadClient {
 
     #[tracing::instrument(skip_all, fields(child = %child))]
     async fn stop(&self, child: &ChildId) -> Result<(), PortError> {
-        let doing = format!("stop child {child}");
-        let request = self.request(reqwest::Method::DELETE, self.url(&["job", &child.0]));
+        let doing = format!("stop child {}", shown_child(child));
+        let request = self.request(
+            reqwest::Method::DELETE,
+            self.url(&["job", child.id()]),
+            child.namespace(),
+        );
         self.send(&doing, request).await?;
         Ok(())
     }
@@ -928,12 +1070,78 @@ mod tests {
                 Duration::from_secs(1),
             )
         };
-        assert!(client("unix:///var/run/nomad.sock").is_err());
         assert!(client("mailto:ops@example.com").is_err());
+        let socket = client("unix:///secrets/api.sock").unwrap();
+        assert_eq!(
+            socket.socket.as_deref(),
+            Some(std::path::Path::new("/secrets/api.sock"))
+        );
+        assert_eq!(
+            socket.url(&["jobs"]).as_str(),
+            "http://localhost/v1/jobs",
+            "the socket ignores the origin; only the path travels"
+        );
+        for relative in ["unix://secrets/api.sock", "unix:///"] {
+            let error = client(relative).unwrap_err();
+            assert!(error.contains("absolute path"), "{relative}: {error}");
+        }
         let base = client("https://nomad.example:4646/prefix/").unwrap();
         assert_eq!(
             base.url(&["job", "ci/dispatch-1-a"]).as_str(),
             "https://nomad.example:4646/prefix/v1/job/ci%2Fdispatch-1-a"
+        );
+    }
+
+    #[test]
+    fn the_id_prefix_is_the_repo_in_a_form_nomad_ids_and_the_listing_take() {
+        assert_eq!(id_prefix_of("https://github.com/acme/api"), "acme-api");
+        assert_eq!(
+            id_prefix_of("https://code.example/Ev-The-Dev/my_repo.rs/"),
+            "ev-the-dev-my-repo-rs"
+        );
+        assert_eq!(id_prefix_of("weird"), "weird");
+        assert_eq!(id_prefix_of("https://github.com/--/__"), "");
+        let long = id_prefix_of(&format!("https://github.com/acme/{}", "a".repeat(100)));
+        assert!(long.len() <= ID_PREFIX_CHARS_MAX, "{long}");
+        assert!(!long.ends_with('-'));
+        // A child id carrying the prefix is still a child of its parent, with or without
+        // `ParentID` on the stub.
+        let id = format!(
+            "ci/dispatch-{}-1700000000-0a1b2c3d",
+            id_prefix_of("https://github.com/acme/api")
+        );
+        let mut stub = child_stub(
+            &id,
+            "ci",
+            serde_json::json!({"managed_by": "runner-scaler"}),
+        );
+        assert_eq!(
+            children_of("ci", stubs(&serde_json::json!([stub.clone()]).to_string()))
+                .unwrap()
+                .len(),
+            1
+        );
+        stub["ParentID"] = "".into();
+        assert_eq!(
+            children_of("ci", stubs(&serde_json::json!([stub]).to_string()))
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn children_carry_the_namespace_of_their_stub() {
+        let mut stub = child_stub(
+            "ci/dispatch-1-aaaaaaaa",
+            "ci",
+            serde_json::json!({"managed_by": "runner-scaler"}),
+        );
+        stub["Namespace"] = "ci-runners-vault".into();
+        let children = children_of("ci", stubs(&serde_json::json!([stub]).to_string())).unwrap();
+        assert_eq!(
+            children[0].id,
+            ChildId::new("ci/dispatch-1-aaaaaaaa", "ci-runners-vault")
         );
     }
 

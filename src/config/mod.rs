@@ -113,6 +113,9 @@ pub struct RepoConfig {
     pub search_labels_as_written: BTreeSet<String>,
     /// What the daemon mints for each of the repo's runners (`app` mode).
     pub credential: CredentialKind,
+    /// `nomadNamespace`: the namespace of the repo's parent jobs, where its children are
+    /// dispatched; `None` for the daemon's `--runner-namespace`.
+    pub nomad_namespace: Option<String>,
 }
 
 /// The credential an `app` repo's runner gets (`credential` and `runnerGroupId` in the

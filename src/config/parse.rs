@@ -154,6 +154,7 @@ const REPO_FIELDS: &[&str] = &[
     "labels",
     "credential",
     "runnerGroupId",
+    "nomadNamespace",
 ];
 const PROFILE_FIELDS: &[&str] = &["job", "label", "maxConcurrent", "hardBoundMinutes"];
 
@@ -306,6 +307,10 @@ fn check_repo(
     let runner_group_id = found
         .get("runnerGroupId")
         .and_then(|v| runner_group_id(report, v));
+    let nomad_namespace = found
+        .get("nomadNamespace")
+        .and_then(|v| string(report, "nomadNamespace", v))
+        .and_then(|ns| namespace_name(report, "nomadNamespace", ns));
 
     // Mode-specific rules. A field that failed its own check above is absent here, so only
     // "missing" or "not allowed in this mode" is reported for fields actually absent or given.
@@ -454,6 +459,7 @@ fn check_repo(
         labels,
         search_labels_as_written,
         credential,
+        nomad_namespace,
     })
 }
 
@@ -687,6 +693,40 @@ fn job_id(report: &mut Report<'_>, field: &str, job: &str) -> Option<String> {
     }
 }
 
+/// Longest Nomad namespace name (`validNamespaceName` in nomad/structs/structs.go).
+const NAMESPACE_LEN_MAX: usize = 128;
+
+/// A Nomad namespace name: 1 to 128 of `[a-zA-Z0-9-]`, as Nomad accepts; `*` and the like
+/// would address many namespaces at once.
+fn namespace_name(report: &mut Report<'_>, field: &str, name: &str) -> Option<String> {
+    match namespace_name_problem(name) {
+        None => Some(name.to_string()),
+        Some(problem) => {
+            report.field(
+                field,
+                format!("{name:?} is not a Nomad namespace: it {problem}"),
+            );
+            None
+        }
+    }
+}
+
+/// Why `name` is not a Nomad namespace name, if it is not.
+pub fn namespace_name_problem(name: &str) -> Option<String> {
+    if name.is_empty() {
+        Some("must not be empty".to_string())
+    } else if name.len() > NAMESPACE_LEN_MAX {
+        Some(format!("is longer than {NAMESPACE_LEN_MAX} characters"))
+    } else if name
+        .chars()
+        .any(|c| !(c.is_ascii_alphanumeric() || c == '-'))
+    {
+        Some("may only contain A-Z, a-z, 0-9 and '-'".to_string())
+    } else {
+        None
+    }
+}
+
 /// A Vault path under the KV mount, normalised without leading or trailing slashes. Globs and
 /// traversal are refused: the daemon's Vault policy must name exact paths (BRIEF `vault`
 /// mode), and a path with `..` or `//` could address a different secret than it reads as.
@@ -907,6 +947,7 @@ mod tests {
                         labels: None,
                         search_labels_as_written: BTreeSet::new(),
                         credential: Default::default(),
+                        nomad_namespace: None,
                     },
                 ),
                 (
@@ -923,6 +964,7 @@ mod tests {
                         labels: None,
                         search_labels_as_written: BTreeSet::from(["build".to_string()]),
                         credential: Default::default(),
+                        nomad_namespace: None,
                     },
                 ),
                 (
@@ -943,6 +985,7 @@ mod tests {
                         labels: None,
                         search_labels_as_written: BTreeSet::from(["vm".into(), "go".into()]),
                         credential: Default::default(),
+                        nomad_namespace: None,
                     },
                 ),
             ]),
@@ -1130,7 +1173,7 @@ mod tests {
             errors,
             vec![
                 "acme/api: mode: duplicate key",
-                "acme/api: extra: unknown field; known fields: mode, maxConcurrent, profiles, vaultPath, registerVaultPath, forgejoUrl, defaultJob, labels, credential, runnerGroupId",
+                "acme/api: extra: unknown field; known fields: mode, maxConcurrent, profiles, vaultPath, registerVaultPath, forgejoUrl, defaultJob, labels, credential, runnerGroupId, nomadNamespace",
                 "acme/api: extra.k: duplicate key",
                 "acme/api: profiles[0].job: duplicate key",
                 "acme/api: duplicate repo key",
@@ -1299,5 +1342,54 @@ mod credential_tests {
                 "{entry}: {errors:?}"
             );
         }
+    }
+
+    #[test]
+    fn nomad_namespace_names_the_parents_namespace_or_is_an_error_naming_repo_and_field() {
+        let parse = |doc: &str| parse_document(doc.as_bytes(), &ConfigDefaults::default());
+        let rendered_errors = |doc: &str| -> Vec<String> {
+            parse(doc)
+                .expect_err("document should be rejected")
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        };
+        let repo = |name: &str| RepoName::parse(name).unwrap();
+        let config = parse(
+            r#"{
+              "acme/api": { "mode": "app" },
+              "acme/secure": { "mode": "vault", "vaultPath": "a", "registerVaultPath": "b",
+                               "defaultJob": "vm-runner", "nomadNamespace": "ci-runners-vault" }
+            }"#,
+        )
+        .unwrap();
+        assert_eq!(config.repos[&repo("acme/api")].nomad_namespace, None);
+        assert_eq!(
+            config.repos[&repo("acme/secure")]
+                .nomad_namespace
+                .as_deref(),
+            Some("ci-runners-vault")
+        );
+        for (value, why) in [
+            ("\"\"", "must not be empty"),
+            ("\"*\"", "may only contain"),
+            ("\"ci_runners\"", "may only contain"),
+            ("\"ci/runners\"", "may only contain"),
+            (&format!("\"{}\"", "n".repeat(129)), "longer than 128"),
+        ] {
+            let errors = rendered_errors(&format!(
+                r#"{{ "acme/api": {{ "mode": "app", "nomadNamespace": {value} }} }}"#
+            ));
+            assert_eq!(errors.len(), 1, "{value}: {errors:?}");
+            assert!(
+                errors[0].starts_with("acme/api: nomadNamespace: ") && errors[0].contains(why),
+                "{value}: {errors:?}"
+            );
+        }
+        let errors = rendered_errors(r#"{ "acme/api": { "mode": "app", "nomadNamespace": 3 } }"#);
+        assert!(
+            errors[0].starts_with("acme/api: nomadNamespace: "),
+            "{errors:?}"
+        );
     }
 }

@@ -94,6 +94,7 @@ fn repo_config(i: usize) -> impl Strategy<Value = RepoConfig> {
                 labels: labels.map(|set| set.into_iter().map(String::from).collect()),
                 search_labels_as_written: Default::default(),
                 credential: Default::default(),
+                nomad_namespace: None,
             },
         )
 }
@@ -153,7 +154,7 @@ fn child() -> impl Strategy<Value = Child> {
         prop::bool::weighted(0.8),
     )
         .prop_map(|(id, ours, status, repo, labels, runner, placed)| Child {
-            id: ChildId(format!("dispatch-{id:08x}")),
+            id: ChildId::new(format!("dispatch-{id:08x}"), "default"),
             parent: String::new(),
             status,
             placement: if placed {
@@ -241,7 +242,10 @@ fn world() -> impl Strategy<Value = World> {
                             children
                                 .into_iter()
                                 .map(|c| Child {
-                                    id: ChildId(format!("{}/{}", PARENTS[p], c.id)),
+                                    id: ChildId::new(
+                                        format!("{}/{}", PARENTS[p], c.id.0),
+                                        c.id.1.clone(),
+                                    ),
                                     parent: PARENTS[p].into(),
                                     ..c
                                 })

@@ -11,6 +11,7 @@
 //! global cap, where every in-flight child counts against the caps and buckets that share a
 //! cap are served oldest queued job first.
 
+pub mod hands_off;
 mod index;
 pub mod reap;
 mod wider;
@@ -23,6 +24,7 @@ use chrono::{DateTime, Utc};
 use crate::config::{Config, Mode, RepoConfig, Route, Unroutable};
 use crate::model::{BucketKey, ChildId, LabelRejection, LabelSet, RepoName, RunnerName};
 use crate::observe::{Child, JobState, Snapshot};
+use hands_off::HandsOff;
 use reap::{Allocation, Nomination, ReapPolicy, RunnerApi};
 
 use index::{Bucket, Buckets, JobsOfRepo, LabelSets, QueuedJobs, RepoSlot, Repos};
@@ -231,7 +233,8 @@ pub struct Plan {
     pub buckets: Vec<BucketPlan>,
     /// In the order to carry them out: oldest queued job first.
     pub dispatches: Vec<PlannedDispatch>,
-    /// Our children whose status is dead (to be re-read before purging).
+    /// Our children whose status is dead (to be re-read before purging), except those left
+    /// to Nomad's garbage collection ([`hands_off`]).
     pub purges: Vec<ChildId>,
     /// Children put up for teardown, in child id order.
     pub nominations: Vec<Nominated>,
@@ -265,9 +268,13 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         HashMap::with_capacity(snapshot.repo_urls.len());
     // Every in-flight child of ours with its repo slot and bucket, for the nominations.
     let mut flight: Vec<(&Child, Option<usize>, Option<usize>)> = Vec::with_capacity(listed);
+    let hands_off = HandsOff::new(config);
     for child in snapshot.our_listed_children() {
         if !child.status.is_in_flight() {
-            out.purges.push(child.id.clone());
+            let repo = snapshot.repo_of(child).and_then(|r| config.repos.get(r));
+            if !hands_off.covers(repo, &child.id) {
+                out.purges.push(child.id.clone());
+            }
             continue;
         }
         out.in_flight_total += 1;
@@ -567,6 +574,10 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             }
         }
     }
+    // Never nominated, so never stopped: see `hands_off`.
+    flight.retain(|(child, repo, _)| {
+        !hands_off.covers(repo.and_then(|r| repos.slots[r].config), &child.id)
+    });
     out.nominations = nominate(
         &flight,
         &Attribution {

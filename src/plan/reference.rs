@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 
+use super::hands_off::HandsOff;
 use super::{
     BucketPlan, HoldReason, Holds, Plan, PlanInput, PlanSettings, PlannedDispatch, UnroutableJob,
     UnroutableReason,
@@ -50,10 +51,14 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
 
     // Supply, counted from Nomad's own listing.
     let mut in_flight = InFlight::default();
+    let hands_off = HandsOff::new(config);
     for ours in snapshot.our_children() {
         let child = ours.child;
         if !child.status.is_in_flight() {
-            out.purges.push(child.id.clone());
+            let repo = ours.repo.as_ref().and_then(|r| config.repos.get(r));
+            if !hands_off.covers(repo, &child.id) {
+                out.purges.push(child.id.clone());
+            }
             continue;
         }
         in_flight.total += 1;

@@ -36,6 +36,7 @@ fn app_repo(name: &str, cap: u32) -> RepoConfig {
         labels: None,
         search_labels_as_written: Default::default(),
         credential: Default::default(),
+        nomad_namespace: None,
     }
 }
 
@@ -116,7 +117,10 @@ impl World {
     ) -> &mut Self {
         self.next_id += 1;
         let child = Child {
-            id: ChildId(format!("{parent}/dispatch-1789592462-{:08x}", self.next_id)),
+            id: ChildId::new(
+                format!("{parent}/dispatch-1789592462-{:08x}", self.next_id),
+                "default",
+            ),
             parent: parent.into(),
             status,
             placement,
@@ -543,14 +547,14 @@ fn dead_children_of_ours_are_purged_and_foreign_ones_never() {
     listing.push(Child {
         ours: false,
         status: ChildStatus::Dead,
-        id: ChildId("ci-runner/dispatch-1-deadbeef".into()),
+        id: ChildId::new("ci-runner/dispatch-1-deadbeef", "default"),
         ..listing[0].clone()
     });
     let p = w.plan();
     assert_eq!(p.purges.len(), 2);
     assert!(
         !p.purges
-            .contains(&ChildId("ci-runner/dispatch-1-deadbeef".into()))
+            .contains(&ChildId::new("ci-runner/dispatch-1-deadbeef", "default"))
     );
     // The foreign running child is not counted.
     assert_eq!(p.in_flight_total, 0);

@@ -116,6 +116,8 @@ impl TwinAddresses {
         vec![
             ("NOMAD_ADDR", self.nomad.clone()),
             ("NOMAD_TOKEN", credentials.nomad_token.into()),
+            // The twins' parents live in Nomad's `default` namespace.
+            ("RUNNER_SCALER_RUNNER_NAMESPACE", "default".into()),
             ("CONSUL_HTTP_ADDR", self.consul.clone()),
             ("CONSUL_HTTP_TOKEN", credentials.consul_token.into()),
             ("RUNNER_SCALER_CONFIG_KEY", credentials.config_key.into()),

@@ -14,7 +14,7 @@ use crate::act::{
     RunnerIdentity, RunnerRegistry,
 };
 use crate::config::RepoConfig;
-use crate::model::{ChildId, ErrorClass, LabelSet, RepoName, RunnerName};
+use crate::model::{ChildId, ErrorClass, LabelSet, NOMAD_DEFAULT_NAMESPACE, RepoName, RunnerName};
 use crate::observe::{
     Child, ChildSource, ChildStatus, ForgeJob, JobState, Placement, PortError, QueueSource,
     RepoJobs, RunnerRegistration,
@@ -259,10 +259,10 @@ impl MemoryWorld {
     pub fn add_foreign_child(&self, parent: &str, status: ChildStatus) -> ChildId {
         let mut s = self.state.lock().unwrap();
         s.next_id += 1;
-        let id = ChildId(format!(
-            "{parent}/dispatch-{}-{:08x}",
-            s.now_unix, s.next_id
-        ));
+        let id = ChildId(
+            format!("{parent}/dispatch-{}-{:08x}", s.now_unix, s.next_id),
+            NOMAD_DEFAULT_NAMESPACE.to_string(),
+        );
         let child = Child {
             id: id.clone(),
             parent: parent.to_string(),
@@ -383,10 +383,16 @@ impl ChildControl for MemoryWorld {
             });
         }
         s.next_id += 1;
-        let id = ChildId(format!(
-            "{}/dispatch-{}-{:08x}",
-            request.parent, s.now_unix, s.next_id
-        ));
+        let id = ChildId(
+            format!(
+                "{}/dispatch-{}-{:08x}",
+                request.parent, s.now_unix, s.next_id
+            ),
+            request
+                .namespace
+                .clone()
+                .unwrap_or_else(|| NOMAD_DEFAULT_NAMESPACE.to_string()),
+        );
         let labels = LabelSet::from_meta(&request.meta.labels)
             .map(|l| l.to_meta())
             .unwrap_or_default();

@@ -57,6 +57,7 @@ fn world() -> (Config, Snapshot) {
                 labels: None,
                 search_labels_as_written: Default::default(),
                 credential: Default::default(),
+                nomad_namespace: None,
             },
         );
         snapshot.repo_urls.insert(url.clone(), name.clone());
@@ -90,7 +91,7 @@ fn world() -> (Config, Snapshot) {
                 "go-ci-runner"
             };
             parents.entry(parent.to_string()).or_default().push(Child {
-                id: ChildId(format!("{parent}/dispatch-1789592462-{id:08x}")),
+                id: ChildId::new(format!("{parent}/dispatch-1789592462-{id:08x}"), "default"),
                 parent: parent.to_string(),
                 status: if c % 2 == 0 {
                     ChildStatus::Pending

@@ -33,6 +33,7 @@ pub fn app_config(repos: &[(&str, u32)]) -> Config {
                 labels: None,
                 search_labels_as_written: Default::default(),
                 credential: Default::default(),
+                nomad_namespace: None,
             },
         );
     }

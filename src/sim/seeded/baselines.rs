@@ -33,6 +33,7 @@ fn fresh_request(
 ) -> DispatchRequest {
     DispatchRequest {
         parent: parent.to_string(),
+        namespace: None,
         meta: DispatchMeta {
             repo_url,
             labels: labels.to_meta(),

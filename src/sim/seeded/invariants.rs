@@ -9,7 +9,8 @@
 //! - I3: no cap is exceeded, counting pending children.
 //! - I4: surplus is reaped: a registered `app` runner idle past the grace window and the
 //!   idle confirmation is taken back within two polls, and a child unplaced past the
-//!   placement timeout is stopped, unless a fault excuses it.
+//!   placement timeout is stopped, unless a fault excuses it or its repo is in `vault` mode
+//!   (never stopped: its namespace grants no `submit-job`; it waits for a slot instead).
 //! - I5: no secret in any log line or output (checked by the driver).
 //! - I6: after faults and arrivals stop, everything drains within a bound.
 //! - I7: no dispatch storm: overall, dispatches never exceed jobs plus what excuses a
@@ -249,8 +250,10 @@ impl Checker {
     /// queued job it could take (the world offers every one at once), so it is surplus: the
     /// daemon must take it back once it is older than the grace window and the idle reading
     /// held for the confirmation, within two polls and the status lag. A child unplaced past
-    /// the placement timeout must be stopped within two polls. Any fault, or a budget spent,
-    /// restarts the clocks (it may hold a reading unknown or a stop back).
+    /// the placement timeout must be stopped within two polls, except a `vault` repo's: the
+    /// daemon never stops or purges those (`plan::hands_off`), it places when a slot frees.
+    /// Any fault, or a budget spent, restarts the clocks (it may hold a reading unknown or a
+    /// stop back).
     fn i4(&mut self, sim: &Sim) -> Option<String> {
         let t = sim.t;
         let o = &sim.options;
@@ -263,17 +266,15 @@ impl Checker {
         let mut found = None;
         for (id, child) in sim.world.in_flight() {
             let Some(repo) = &child.repo else { continue };
-            let app = sim
-                .config
-                .repos
-                .get(repo)
-                .is_some_and(|r| matches!(r.mode, Mode::App));
+            let mode = sim.config.repos.get(repo).map(|r| &r.mode);
+            let app = matches!(mode, Some(Mode::App));
+            let vault = matches!(mode, Some(Mode::Vault { .. }));
             let (became, due_after) = match child.phase {
                 Phase::Idle { since } if app && child.registration.is_some() => (
                     since.max(child.submitted_s + policy.orphan_grace.as_secs()),
                     policy.idle_confirm.as_secs() + slack,
                 ),
-                Phase::Unplaced { .. } => (
+                Phase::Unplaced { .. } if !vault => (
                     child.submitted_s + policy.placement_timeout.as_secs(),
                     slack,
                 ),

@@ -20,7 +20,7 @@ use rand::{Rng, SeedableRng};
 
 use super::options::{ForgeKind, Options};
 use super::trace::Trace;
-use crate::model::{ChildId, LabelSet, RepoName, RunnerName};
+use crate::model::{ChildId, LabelSet, NOMAD_DEFAULT_NAMESPACE, RepoName, RunnerName};
 use crate::observe::{ChildStatus, Placement};
 
 /// GitHub cancels a self-hosted job that has been queued this long (BRIEF lesson 11).
@@ -343,10 +343,10 @@ impl World {
 
     /// A hand-dispatched child, running: shown by Nomad, never ours to count or purge.
     pub fn add_foreign_child(&mut self, parent: &str) {
-        let id = ChildId(format!(
-            "{parent}/dispatch-{EPOCH_UNIX}-{:08x}",
-            self.next_id()
-        ));
+        let id = ChildId(
+            format!("{parent}/dispatch-{EPOCH_UNIX}-{:08x}", self.next_id()),
+            NOMAD_DEFAULT_NAMESPACE.to_string(),
+        );
         self.children.insert(
             id,
             SimChild {
@@ -822,11 +822,14 @@ impl World {
         runner: &RunnerName,
         token: Option<String>,
     ) -> ChildId {
-        let id = ChildId(format!(
-            "{parent}/dispatch-{}-{:08x}",
-            EPOCH_UNIX + t as i64,
-            self.next_id()
-        ));
+        let id = ChildId(
+            format!(
+                "{parent}/dispatch-{}-{:08x}",
+                EPOCH_UNIX + t as i64,
+                self.next_id()
+            ),
+            NOMAD_DEFAULT_NAMESPACE.to_string(),
+        );
         let eligible_at = t + rng.random_range(o.place_delay_s.0..=o.place_delay_s.1);
         self.children.insert(
             id.clone(),

@@ -14,6 +14,12 @@
 //! placement), take the cluster down, and count the requests the daemon made; every stop and
 //! purge is recorded ([`NomadTwin::deregistrations`]) so a test can ask what was torn down
 //! and when.
+//!
+//! Namespaces as in Nomad: jobs are stored per namespace, every endpoint reads `?namespace=`
+//! (`default` when absent), a job asked for in another namespace than its own is `404 job not
+//! found`, and the job list takes `namespace=*` for all of them, each stub naming its
+//! `Namespace`. [`NomadTwin::deny_deregister_in`] plays an ACL policy without `submit-job` in
+//! a namespace: a stop or purge there is `403 Permission denied`.
 
 mod filter;
 
@@ -260,6 +266,8 @@ pub struct DispatchInput {
 
 struct TwinState {
     acl_token: Option<String>,
+    /// Namespaces where the token lacks `submit-job`, which Nomad requires to deregister.
+    deregister_denied: std::collections::BTreeSet<String>,
     unavailable: bool,
     /// Unix seconds; child ids and submit times are taken from it.
     clock_unix_s: i64,
@@ -515,6 +523,28 @@ impl TwinState {
     }
 }
 
+/// The twin on a Unix socket. Dropping it stops the server and removes the socket file.
+pub struct UnixTwinServer {
+    pub path: std::path::PathBuf,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl UnixTwinServer {
+    /// `unix://<path>`, as `NOMAD_ADDR` names a socket.
+    pub fn address(&self) -> String {
+        format!("unix://{}", self.path.display())
+    }
+}
+
+impl Drop for UnixTwinServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// Shared handle to the twin's state. Clones share the state.
 #[derive(Clone)]
 pub struct NomadTwin {
@@ -542,6 +572,7 @@ impl NomadTwin {
         NomadTwin {
             state: Arc::new(Mutex::new(TwinState {
                 acl_token: None,
+                deregister_denied: Default::default(),
                 unavailable: false,
                 clock_unix_s: now,
                 index: 10,
@@ -572,11 +603,36 @@ impl NomadTwin {
         TwinServer::start(self.router()).await
     }
 
+    /// Serves the twin on a Unix socket at `path`, as Nomad serves a task's API socket
+    /// (`${NOMAD_SECRETS_DIR}/api.sock`).
+    pub async fn serve_unix(&self, path: &std::path::Path) -> std::io::Result<UnixTwinServer> {
+        let listener = tokio::net::UnixListener::bind(path)?;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let router = self.router();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, router)
+                .with_graceful_shutdown(async {
+                    let _ = rx.await;
+                })
+                .await;
+        });
+        Ok(UnixTwinServer {
+            path: path.to_path_buf(),
+            shutdown: Some(tx),
+        })
+    }
+
     // ---- configuration ----
 
     /// With `Some(token)`, every request must carry it (`X-Nomad-Token` or a Bearer header).
     pub fn set_acl_token(&self, token: Option<&str>) {
         self.lock().acl_token = token.map(str::to_string);
+    }
+
+    /// The token may not stop or purge jobs in `namespace` (its policy lacks `submit-job`
+    /// there): every `DELETE /v1/job/…` in it is refused with Nomad's `403 Permission denied`.
+    pub fn deny_deregister_in(&self, namespace: &str) {
+        self.lock().deregister_denied.insert(namespace.to_string());
     }
 
     /// An outage: every request gets Nomad's `500 No cluster leader`.
@@ -1242,15 +1298,17 @@ async fn list_jobs(State(twin): State<NomadTwin>, request: Request) -> Response 
 
     let state = twin.lock();
     // Nomad iterates its job table in (namespace, id) order and filters before paging (on the
-    // full job, not the stub: `Meta` is there without `meta=true`); the page token is the id
-    // of the first matching job of the next page.
+    // full job, not the stub: `Meta` is there without `meta=true`); the page token is
+    // `<namespace>.<id>` of the first matching job of the next page (`NamespaceIDTokenizer`
+    // in nomad/state/paginator: `.` is not allowed in a namespace name), whichever namespace
+    // was asked for.
     let mut matching: Vec<&TwinJob> = Vec::new();
     for job in state
         .jobs
         .values()
         .filter(|job| namespace == "*" || job.namespace == namespace)
         .filter(|job| job.id.starts_with(prefix))
-        .filter(|job| next_token.is_empty() || job.id.as_str() >= next_token)
+        .filter(|job| next_token.is_empty() || page_token(job).as_str() >= next_token)
     {
         match filter.as_ref().map_or(Ok(true), |f| f.matches(job)) {
             Ok(true) => matching.push(job),
@@ -1264,7 +1322,7 @@ async fn list_jobs(State(twin): State<NomadTwin>, request: Request) -> Response 
         }
     }
     let (page, next) = match per_page {
-        Some(n) if matching.len() > n => (&matching[..n], Some(matching[n].id.clone())),
+        Some(n) if matching.len() > n => (&matching[..n], Some(page_token(matching[n]))),
         _ => (&matching[..], None),
     };
     let stubs: Vec<Value> = page
@@ -1278,6 +1336,10 @@ async fn list_jobs(State(twin): State<NomadTwin>, request: Request) -> Response 
         headers.insert("X-Nomad-NextToken", value);
     }
     json_response(headers, Value::Array(stubs))
+}
+
+fn page_token(job: &TwinJob) -> String {
+    format!("{}.{}", job.namespace, job.id)
 }
 
 /// Everything under `/v1/job/`: the job id may contain `/` (children do), arrive escaped as
@@ -1428,6 +1490,11 @@ fn deregister_job(twin: &NomadTwin, id: &str, pairs: &[(String, String)]) -> Res
         },
     };
     let mut state = twin.lock();
+    // Nomad checks the token's capability in the request's namespace before looking the job
+    // up (`Job.Deregister`), so a refusal says nothing about whether the job exists.
+    if state.deregister_denied.contains(&namespace) {
+        return TwinRefusal::new(StatusCode::FORBIDDEN, "Permission denied").into_response();
+    }
     let key = (namespace, id.to_string());
     let existing = state.jobs.get(&key).cloned();
     state.deregistrations.push(Deregistration {
