@@ -221,6 +221,11 @@ pub struct Memory {
     polls: polls::PollSchedule,
     /// Each repo's last successful queue reading, carried into ticks that do not read it.
     readings: BTreeMap<RepoName, RepoJobs>,
+    /// `vault` repos refused because the daemon's token can read their admin token, or
+    /// could not be asked whether it can; see [`crate::check::admin_token_holds`].
+    admin_token_holds: BTreeMap<RepoName, String>,
+    /// The document version Vault was last asked about.
+    admin_token_asked_for: Option<u64>,
 }
 
 /// Runs ticks over a set of services.
@@ -235,6 +240,8 @@ pub struct Controller {
     pause_key: Option<(String, Arc<dyn DocumentSource>)>,
     /// Where each tick's view goes for the live status (`GET /status`).
     published: Option<tokio::sync::watch::Sender<Option<TickView>>>,
+    /// Asks Vault whether the daemon's token can read a `registerVaultPath`.
+    admin_token_probe: Option<Arc<dyn crate::check::CapabilityProbe>>,
 }
 
 impl Controller {
@@ -247,7 +254,48 @@ impl Controller {
             planner: plan,
             pause_key: None,
             published: None,
+            admin_token_probe: None,
         }
+    }
+
+    /// Asks `probe`, for each new document and at every tick while a repo is refused,
+    /// whether the daemon's token can read any `registerVaultPath`; a repo whose admin token
+    /// it can read (or that cannot be asked about) dispatches nothing until that changes.
+    /// `None` (no Vault): nothing is asked.
+    pub fn with_admin_token_guard(
+        mut self,
+        probe: Option<Arc<dyn crate::check::CapabilityProbe>>,
+    ) -> Self {
+        self.admin_token_probe = probe;
+        self
+    }
+
+    async fn check_admin_tokens(&mut self, config: &Config, config_version: u64) {
+        let Some(probe) = &self.admin_token_probe else {
+            return;
+        };
+        // Asked again while any repo is refused, so that a fixed policy lifts the hold.
+        if self.memory.admin_token_asked_for == Some(config_version)
+            && self.memory.admin_token_holds.is_empty()
+        {
+            return;
+        }
+        let holds = crate::check::admin_token_holds(config, probe.as_ref()).await;
+        for (repo, why) in &holds {
+            if self.memory.admin_token_holds.get(repo) != Some(why) {
+                error!(repo = %repo, "{why}");
+            }
+        }
+        for repo in self.memory.admin_token_holds.keys() {
+            if !holds.contains_key(repo) && config.repos.contains_key(repo) {
+                info!(
+                    repo = %repo,
+                    "vault mode no longer refused: VAULT_TOKEN cannot read its registerVaultPath"
+                );
+            }
+        }
+        self.memory.admin_token_holds = holds;
+        self.memory.admin_token_asked_for = Some(config_version);
     }
 
     /// Publishes every tick's view on `tx`: what the running daemon knows (its backoffs,
@@ -335,6 +383,7 @@ impl Controller {
             .take_back
             .learn_from_snapshot(&snapshot, &exit_codes, now);
         self.read_pause_key().await;
+        self.check_admin_tokens(config, config_version).await;
         let holds = self.holds(now);
         let plan = (self.planner)(PlanInput {
             config,
@@ -704,6 +753,9 @@ impl Controller {
                     holds.parents.insert((parent.clone(), repo.clone()), why);
                 }
             }
+        }
+        for (repo, why) in &self.memory.admin_token_holds {
+            holds.repos.insert(repo.clone(), why.clone());
         }
         holds.crash_backoff = self.memory.take_back.crash_backoff().clone();
         holds.paused = self.memory.paused.clone();

@@ -21,8 +21,10 @@
 //! - [`sim`]: twins of every service and the simulated world.
 //! - [`control_loop`]: one tick after another; the only owner of state kept between ticks.
 //! - [`leader`]: the Consul leader lock; only its holder writes, and it fences itself.
+//! - [`check`]: `config check --live`, and the daemon's refusal of a readable admin token.
 
 pub mod act;
+pub mod check;
 pub mod cli;
 pub mod clients;
 pub mod clock;

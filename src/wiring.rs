@@ -115,6 +115,8 @@ pub struct Built {
     pub leader: LeaderSettings,
     pub loop_settings: LoopSettings,
     pub defaults: ConfigDefaults,
+    /// The concrete clients, for `config check --live` and the admin-token guard.
+    pub live: crate::check::LiveClients,
 }
 
 /// Builds the clients from settings; an error is a bad process setting.
@@ -212,8 +214,22 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
         },
         secrets.clone(),
     )?);
-    let forgejo = Arc::new(Forgejo::new(secrets, &TlsFiles::default(), timeout)?);
+    let forgejo_tls = TlsFiles {
+        ca_cert: args.forgejo_cacert.clone(),
+        ..TlsFiles::default()
+    };
+    let forgejo = Arc::new(
+        Forgejo::new(secrets, &forgejo_tls, timeout)
+            .map_err(|e| format!("--forgejo-cacert (FORGEJO_CACERT): {e}"))?,
+    );
+    let live = crate::check::LiveClients {
+        nomad: nomad.clone(),
+        github: github.clone(),
+        forgejo: forgejo.clone(),
+        vault: vault.clone(),
+    };
     Ok(Built {
+        live,
         services: match &vault {
             Some(vault) => Services::of(github, forgejo, nomad).with_wrapper(vault.clone()),
             None => {
@@ -261,6 +277,15 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
             default_repo_max: args.default_repo_max,
         },
     })
+}
+
+/// The daemon asks Vault whether it can read an admin token whenever it has Vault.
+fn admin_token_probe(
+    live: &crate::check::LiveClients,
+) -> Option<Arc<dyn crate::check::CapabilityProbe>> {
+    live.vault
+        .clone()
+        .map(|vault| vault as Arc<dyn crate::check::CapabilityProbe>)
 }
 
 /// Completes at the first SIGTERM or SIGINT; a second one aborts the process.
@@ -349,6 +374,7 @@ async fn daemon(args: DaemonArgs, dry_run: bool) -> ExitCode {
     let pause_key = built.pause_key.key().to_string();
     let pause_source: Arc<dyn DocumentSource> = Arc::new(built.pause_key);
     let services = built.services;
+    let admin_token_probe = admin_token_probe(&built.live);
     let mut rng = StdRng::from_os_rng();
     // One leadership term (or the whole shadow run): the document watched, ticks run until
     // `stop`, over `services` (fenced by the term's lease when leading).
@@ -360,7 +386,8 @@ async fn daemon(args: DaemonArgs, dry_run: bool) -> ExitCode {
                 Box::new(StdRng::from_rng(&mut rng)),
             )
             .with_pause_key(pause_key.clone(), pause_source.clone())
-            .with_status_publisher(last_tick_tx.clone());
+            .with_status_publisher(last_tick_tx.clone())
+            .with_admin_token_guard(admin_token_probe.clone());
             let consul = SharedKv(consul.clone());
             let defaults = built.defaults.clone();
             let metrics = metrics.clone();
@@ -564,7 +591,8 @@ async fn once(args: DaemonArgs, dry_run: bool, json: bool) -> ExitCode {
         built.loop_settings,
         Box::new(StdRng::from_os_rng()),
     )
-    .with_pause_key(pause_key, Arc::new(built.pause_key));
+    .with_pause_key(pause_key, Arc::new(built.pause_key))
+    .with_admin_token_guard(admin_token_probe(&built.live));
     use crate::clock::Clock;
     let view = controller
         .tick(&config, 0, crate::clock::SystemClock.now(), dry_run)
