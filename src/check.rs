@@ -143,8 +143,11 @@ pub async fn check_live(config: &Config, clients: &LiveClients) -> LiveReport {
                 check_readable(repo, vault_path, clients, &mut report).await;
             }
             Mode::Forgejo { url, vault_path } => {
-                check_readable(repo, vault_path, clients, &mut report).await;
-                check_forgejo(repo, url, clients, &mut report).await;
+                // The version is read with the repo's API token: without it, that is the
+                // one problem to fix first.
+                if check_readable(repo, vault_path, clients, &mut report).await {
+                    check_forgejo(repo, url, clients, &mut report).await;
+                }
             }
         }
     }
@@ -199,32 +202,39 @@ async fn check_installation(repo: &RepoConfig, clients: &LiveClients, report: &m
     }
 }
 
+/// Whether the token field at `path` could be read.
 async fn check_readable(
     repo: &RepoConfig,
     path: &str,
     clients: &LiveClients,
     report: &mut LiveReport,
-) {
+) -> bool {
     let Some(vault) = &clients.vault else {
         report.problems.push(format!(
             "{}: vaultPath {path} cannot be read: VAULT_TOKEN is not set",
             repo.repo
         ));
-        return;
+        return false;
     };
     let field = crate::clients::forgejo::API_TOKEN_FIELD;
     match vault.read_field(path, field).await {
-        Ok(_) => report.checked.push(format!(
-            "{}: vaultPath {path} is readable and has a {field} field",
-            repo.repo
-        )),
-        Err(e) => report.problems.push(format!(
-            "{}: vaultPath {path} is not readable by VAULT_TOKEN: {}; grant read on {} to the \
+        Ok(_) => {
+            report.checked.push(format!(
+                "{}: vaultPath {path} is readable and has a {field} field",
+                repo.repo
+            ));
+            true
+        }
+        Err(e) => {
+            report.problems.push(format!(
+                "{}: vaultPath {path} is not readable by VAULT_TOKEN: {}; grant read on {} to the \
              daemon's policy and write the {field} field there",
-            repo.repo,
-            e.message,
-            vault.data_path(path)
-        )),
+                repo.repo,
+                e.message,
+                vault.data_path(path)
+            ));
+            false
+        }
     }
 }
 
