@@ -105,13 +105,17 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
     /// Validate a document (a file, or `-` for stdin) before it is written to Consul.
+    #[command(after_help = SECRETS_HELP)]
     Check {
         /// Path of the document, or `-` to read stdin.
         file: String,
-        #[arg(long, env = "RUNNER_SCALER_DEFAULT_JOB", default_value = "ci-runner")]
-        default_job: String,
-        #[arg(long, env = "RUNNER_SCALER_DEFAULT_REPO_MAX", default_value_t = 2)]
-        default_repo_max: u32,
+        /// Also check it against the live services, with the settings `run` uses: each
+        /// parent job's meta, the App's installation on each `app` repo, each `vaultPath`
+        /// readable and each `registerVaultPath` not, each Forgejo instance's version.
+        #[arg(long)]
+        live: bool,
+        #[command(flatten)]
+        daemon: Box<DaemonArgs>,
     },
 }
 
@@ -228,6 +232,10 @@ pub struct DaemonArgs {
         hide_env_values = true
     )]
     pub vault_mount: String,
+    /// CA bundle (PEM) trusted for every Forgejo instance the document names, beside the
+    /// system roots.
+    #[arg(long, env = "FORGEJO_CACERT", hide_env_values = true)]
+    pub forgejo_cacert: Option<PathBuf>,
 
     /// GitHub's REST API: api.github.com, `https://<host>/api/v3` (GHES) or
     /// `https://api.<tenant>.ghe.com` (GHE.com).

@@ -224,6 +224,11 @@ pub struct Memory {
     /// Budgets low enough to stretch read intervals: their owners, and what was said of them.
     stretched_owners: BTreeSet<String>,
     stretched_budgets: Vec<String>,
+    /// `vault` repos refused because the daemon's token can read their admin token, or
+    /// could not be asked whether it can; see [`crate::check::admin_token_holds`].
+    admin_token_holds: BTreeMap<RepoName, String>,
+    /// The document version Vault was last asked about.
+    admin_token_asked_for: Option<u64>,
 }
 
 /// Runs ticks over a set of services.
@@ -240,6 +245,8 @@ pub struct Controller {
     published: Option<tokio::sync::watch::Sender<Option<TickView>>>,
     /// Webhook hints (`--webhook-listen`); see [`run`] for how they are consumed.
     hints: Option<crate::webhook::Hints>,
+    /// Asks Vault whether the daemon's token can read a `registerVaultPath`.
+    admin_token_probe: Option<Arc<dyn crate::check::CapabilityProbe>>,
 }
 
 impl Controller {
@@ -253,6 +260,7 @@ impl Controller {
             pause_key: None,
             published: None,
             hints: None,
+            admin_token_probe: None,
         }
     }
 
@@ -261,6 +269,46 @@ impl Controller {
     pub fn with_hints(mut self, hints: crate::webhook::Hints) -> Self {
         self.hints = Some(hints);
         self
+    }
+
+    /// Asks `probe`, for each new document and at every tick while a repo is refused,
+    /// whether the daemon's token can read any `registerVaultPath`; a repo whose admin token
+    /// it can read (or that cannot be asked about) dispatches nothing until that changes.
+    /// `None` (no Vault): nothing is asked.
+    pub fn with_admin_token_guard(
+        mut self,
+        probe: Option<Arc<dyn crate::check::CapabilityProbe>>,
+    ) -> Self {
+        self.admin_token_probe = probe;
+        self
+    }
+
+    async fn check_admin_tokens(&mut self, config: &Config, config_version: u64) {
+        let Some(probe) = &self.admin_token_probe else {
+            return;
+        };
+        // Asked again while any repo is refused, so that a fixed policy lifts the hold.
+        if self.memory.admin_token_asked_for == Some(config_version)
+            && self.memory.admin_token_holds.is_empty()
+        {
+            return;
+        }
+        let holds = crate::check::admin_token_holds(config, probe.as_ref()).await;
+        for (repo, why) in &holds {
+            if self.memory.admin_token_holds.get(repo) != Some(why) {
+                error!(repo = %repo, "{why}");
+            }
+        }
+        for repo in self.memory.admin_token_holds.keys() {
+            if !holds.contains_key(repo) && config.repos.contains_key(repo) {
+                info!(
+                    repo = %repo,
+                    "vault mode no longer refused: VAULT_TOKEN cannot read its registerVaultPath"
+                );
+            }
+        }
+        self.memory.admin_token_holds = holds;
+        self.memory.admin_token_asked_for = Some(config_version);
     }
 
     /// Publishes every tick's view on `tx`: what the running daemon knows (its backoffs,
@@ -348,6 +396,7 @@ impl Controller {
             .take_back
             .learn_from_snapshot(&snapshot, &exit_codes, now);
         self.read_pause_key().await;
+        self.check_admin_tokens(config, config_version).await;
         let holds = self.holds(now);
         let plan = (self.planner)(PlanInput {
             config,
@@ -732,6 +781,9 @@ impl Controller {
                 }
             }
         }
+        for (repo, why) in &self.memory.admin_token_holds {
+            holds.repos.insert(repo.clone(), why.clone());
+        }
         holds.crash_backoff = self.memory.take_back.crash_backoff().clone();
         holds.paused = self.memory.paused.clone();
         holds
@@ -963,18 +1015,25 @@ pub async fn run(
         // first read lands moments after start, and waiting a whole poll interval for it
         // would delay the first dispatch for nothing.
         let without_document = config.borrow().config.is_none();
+        let mut hinted = Vec::new();
         tokio::select! {
             biased;
             _ = &mut shutdown => break,
             _ = interval.tick() => {}
             Ok(()) = config.changed(), if without_document => {}
-            hinted = next_hinted(hints.as_ref(), clock) => {
-                debug!(repos = ?hinted.iter().map(ToString::to_string).collect::<Vec<_>>(), "ticking now for webhook hints");
+            due = next_hinted(hints.as_ref(), clock) => {
+                debug!(repos = ?due.iter().map(ToString::to_string).collect::<Vec<_>>(), "ticking now for webhook hints");
+                hinted = due;
             }
         }
         if let Some(hints) = &hints {
-            // Whatever woke the loop, this tick serves the hints due by now.
-            hints.take_due(clock.now());
+            // Whatever woke the loop, this tick serves the hints due by now: their repos are
+            // read in it, whatever their poll schedule says.
+            hinted.extend(hints.take_due(clock.now()));
+            let now = clock.now();
+            for repo in &hinted {
+                controller.hint(repo, now);
+            }
         }
         let state = config.borrow_and_update().clone();
         metrics.set_config_valid(state.config.is_some());

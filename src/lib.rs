@@ -23,8 +23,10 @@
 //! - [`leader`]: the Consul leader lock; only its holder writes, and it fences itself.
 //! - [`webhook`]: the `--webhook-listen` receiver; verified deliveries become hints for the
 //!   loop ("look at this repo now").
+//! - [`check`]: `config check --live`, and the daemon's refusal of a readable admin token.
 
 pub mod act;
+pub mod check;
 pub mod cli;
 pub mod clients;
 pub mod clock;

@@ -4,7 +4,9 @@ use std::io::Read;
 use std::process::ExitCode;
 
 use clap::Parser;
-use runner_scaler::cli::{Cli, Command, ConfigCommand, EXIT_BAD_SETTINGS, EXIT_INVALID};
+use runner_scaler::cli::{
+    Cli, Command, ConfigCommand, DaemonArgs, EXIT_BAD_SETTINGS, EXIT_INVALID,
+};
 use runner_scaler::config::{ConfigDefaults, parse_document};
 
 fn main() -> ExitCode {
@@ -21,25 +23,19 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Config {
-            command:
-                ConfigCommand::Check {
-                    file,
-                    default_job,
-                    default_repo_max,
-                },
-        } => config_check(
-            &file,
-            &ConfigDefaults {
-                default_job,
-                default_repo_max,
-            },
-        ),
+            command: ConfigCommand::Check { file, live, daemon },
+        } => config_check(&file, live, &daemon),
         other => runner_scaler::wiring::run_command(other, cli.log_format),
     }
 }
 
-/// `config check FILE|-`: exit 0 when valid, else one line per problem and exit 1.
-fn config_check(file: &str, defaults: &ConfigDefaults) -> ExitCode {
+/// `config check [--live] FILE|-`: exit 0 when valid (and, with `--live`, right against the
+/// live services), else one line per problem and exit 1.
+fn config_check(file: &str, live: bool, daemon: &DaemonArgs) -> ExitCode {
+    let defaults = &ConfigDefaults {
+        default_job: daemon.default_job.clone(),
+        default_repo_max: daemon.default_repo_max,
+    };
     let bytes = if file == "-" {
         let mut buf = Vec::new();
         if let Err(e) = std::io::stdin().read_to_end(&mut buf) {
@@ -59,6 +55,9 @@ fn config_check(file: &str, defaults: &ConfigDefaults) -> ExitCode {
     match parse_document(&bytes, defaults) {
         Ok(config) => {
             println!("ok: {} repos", config.repos.len());
+            if live {
+                return runner_scaler::check::run_live_check(&config, daemon);
+            }
             for note in runner_scaler::config::credential_notes(&config) {
                 println!("note: {note}");
             }

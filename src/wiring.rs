@@ -117,6 +117,8 @@ pub struct Built {
     pub defaults: ConfigDefaults,
     /// The webhook secrets; empty unless `--webhook-listen` is set.
     pub webhook_secrets: crate::webhook::WebhookSecrets,
+    /// The concrete clients, for `config check --live` and the admin-token guard.
+    pub live: crate::check::LiveClients,
 }
 
 /// Builds the clients from settings; an error is a bad process setting.
@@ -216,14 +218,28 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
         },
         secrets.clone(),
     )?);
-    let forgejo = Arc::new(Forgejo::new(secrets, &TlsFiles::default(), timeout)?);
+    let forgejo_tls = TlsFiles {
+        ca_cert: args.forgejo_cacert.clone(),
+        ..TlsFiles::default()
+    };
+    let forgejo = Arc::new(
+        Forgejo::new(secrets, &forgejo_tls, timeout)
+            .map_err(|e| format!("--forgejo-cacert (FORGEJO_CACERT): {e}"))?,
+    );
     let webhook_secrets = if args.webhook_listen_addr()?.is_some() {
         crate::webhook::read_secrets(vault_webhook_secret)?
     } else {
         crate::webhook::WebhookSecrets::default()
     };
+    let live = crate::check::LiveClients {
+        nomad: nomad.clone(),
+        github: github.clone(),
+        forgejo: forgejo.clone(),
+        vault: vault.clone(),
+    };
     Ok(Built {
         webhook_secrets,
+        live,
         services: match &vault {
             Some(vault) => Services::of(github, forgejo, nomad).with_wrapper(vault.clone()),
             None => {
@@ -246,9 +262,13 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
         },
         loop_settings: LoopSettings {
             poll_interval: args.poll_interval,
-            idle_poll_interval: args
-                .idle_poll_interval
-                .unwrap_or(crate::control_loop::polls::IDLE_POLL_INTERVAL_DEFAULT),
+            idle_poll_interval: args.idle_poll_interval.unwrap_or(
+                if args.webhook_listen_addr()?.is_some() {
+                    crate::control_loop::polls::IDLE_POLL_INTERVAL_WITH_WEBHOOKS
+                } else {
+                    crate::control_loop::polls::IDLE_POLL_INTERVAL_DEFAULT
+                },
+            ),
             list_concurrency_max: usize::from(args.max_concurrent_polls),
             plan: PlanSettings {
                 max_in_flight: args.max_in_flight,
@@ -271,6 +291,15 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
             default_repo_max: args.default_repo_max,
         },
     })
+}
+
+/// The daemon asks Vault whether it can read an admin token whenever it has Vault.
+fn admin_token_probe(
+    live: &crate::check::LiveClients,
+) -> Option<Arc<dyn crate::check::CapabilityProbe>> {
+    live.vault
+        .clone()
+        .map(|vault| vault as Arc<dyn crate::check::CapabilityProbe>)
 }
 
 /// Completes at the first SIGTERM or SIGINT; a second one aborts the process.
@@ -393,6 +422,7 @@ async fn daemon(args: DaemonArgs, dry_run: bool) -> ExitCode {
     let pause_key = built.pause_key.key().to_string();
     let pause_source: Arc<dyn DocumentSource> = Arc::new(built.pause_key);
     let services = built.services;
+    let admin_token_probe = admin_token_probe(&built.live);
     let mut rng = StdRng::from_os_rng();
     // One leadership term (or the whole shadow run): the document watched, ticks run until
     // `stop`, over `services` (fenced by the term's lease when leading).
@@ -404,7 +434,8 @@ async fn daemon(args: DaemonArgs, dry_run: bool) -> ExitCode {
                 Box::new(StdRng::from_rng(&mut rng)),
             )
             .with_pause_key(pause_key.clone(), pause_source.clone())
-            .with_status_publisher(last_tick_tx.clone());
+            .with_status_publisher(last_tick_tx.clone())
+            .with_admin_token_guard(admin_token_probe.clone());
             if let Some(hints) = &hints {
                 controller = controller.with_hints(hints.clone());
             }
@@ -614,7 +645,8 @@ async fn once(args: DaemonArgs, dry_run: bool, json: bool) -> ExitCode {
         built.loop_settings,
         Box::new(StdRng::from_os_rng()),
     )
-    .with_pause_key(pause_key, Arc::new(built.pause_key));
+    .with_pause_key(pause_key, Arc::new(built.pause_key))
+    .with_admin_token_guard(admin_token_probe(&built.live));
     use crate::clock::Clock;
     let view = controller
         .tick(&config, 0, crate::clock::SystemClock.now(), dry_run)

@@ -82,7 +82,10 @@ impl RegisteredRunners for DeletedRunners {
 
 #[tokio::test]
 async fn a_child_no_longer_dead_when_re_read_is_vetoed_not_purged_and_keeps_its_runner() {
-    let child = ChildId::new("forgejo-build-runner/dispatch-1764536461-0000002a", "default");
+    let child = ChildId::new(
+        "forgejo-build-runner/dispatch-1764536461-0000002a",
+        "default",
+    );
     let plan = Plan {
         purges: vec![child.clone()],
         ..Plan::default()

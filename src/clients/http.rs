@@ -58,9 +58,17 @@ pub fn client_builder(
         .redirect(reqwest::redirect::Policy::none());
     if let Some(ca) = &tls.ca_cert {
         let pem = read(ca, &format!("{service} CA certificate"))?;
-        for cert in reqwest::Certificate::from_pem_bundle(&pem)
-            .map_err(|e| format!("parse {service} CA certificate {}: {e}", ca.display()))?
-        {
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| format!("parse {service} CA certificate {}: {e}", ca.display()))?;
+        // A file with no PEM block parses as an empty bundle: trusting nothing more than the
+        // system roots would fail later, on every request, far from the setting at fault.
+        if certs.is_empty() {
+            return Err(format!(
+                "parse {service} CA certificate {}: no PEM certificate in it",
+                ca.display()
+            ));
+        }
+        for cert in certs {
             builder = builder.add_root_certificate(cert);
         }
     }

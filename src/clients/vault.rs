@@ -18,6 +18,7 @@
 //! Because those crates log every 403/404 at ERROR level, which is noise next to our own
 //! classified error, the daemon's default log filter should carry `vaultrs=off,rustify=off`.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use async_trait::async_trait;
@@ -306,6 +307,121 @@ impl VaultKv {
     }
 }
 
+impl VaultKv {
+    /// A POST to `url` with the daemon's token (a sensitive header) and namespace.
+    fn post(&self, url: Url, doing: &str) -> Result<reqwest::RequestBuilder, PortError> {
+        let mut token = reqwest::header::HeaderValue::from_str(self.token.expose_secret())
+            .map_err(|_| {
+                PortError::new(
+                    ErrorClass::Configuration,
+                    format!("{doing}: VAULT_TOKEN is not a valid header value"),
+                )
+            })?;
+        token.set_sensitive(true);
+        let mut request = self.http.post(url).header("X-Vault-Token", token);
+        if let Some(namespace) = &self.namespace {
+            request = request.header("X-Vault-Namespace", namespace);
+        }
+        Ok(request)
+    }
+
+    /// Sends `request` and answers its JSON body; any status but a success is an error
+    /// carrying Vault's `errors`, which name the problem and never echo the request.
+    async fn answer_json(
+        &self,
+        request: reqwest::RequestBuilder,
+        doing: &str,
+    ) -> Result<Value, PortError> {
+        let response = request
+            .send()
+            .await
+            .map_err(|e| crate::clients::http::transport_error("Vault", doing, &e))?;
+        let status = response.status();
+        if status.is_redirection() {
+            return Err(crate::clients::http::redirect_refused(
+                "Vault", doing, status,
+            ));
+        }
+        if !status.is_success() {
+            let text = response.text().await.unwrap_or_default();
+            let errors: Vec<String> = serde_json::from_str::<Value>(&text)
+                .ok()
+                .and_then(|v| v["errors"].as_array().cloned())
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|e| e.as_str().map(str::to_string))
+                .collect();
+            return Err(status_error(
+                doing,
+                status.as_u16(),
+                &errors_detail(&errors),
+            ));
+        }
+        response.json().await.map_err(|_| {
+            PortError::new(
+                ErrorClass::Malformed,
+                format!("{doing}: the response is not JSON"),
+            )
+        })
+    }
+
+    /// The API path of the KV v2 secret at `path` under this mount, as a Vault policy names
+    /// it: `<mount>/data/<path>`.
+    pub fn data_path(&self, path: &str) -> String {
+        format!("{}/data/{}", self.mount, path.trim_matches('/'))
+    }
+
+    /// What the daemon's own token may do on each KV v2 secret of `paths` (secret paths under
+    /// the mount, as the document writes them): `POST sys/capabilities-self` with
+    /// `{"paths": ["<mount>/data/<path>", …]}`, answered with a capability list per API path
+    /// (`["deny"]`, `["read"]`, `["root"]`…), at the top level and, from Vault's logical
+    /// layer, under `data`. Keyed by the secret path as given.
+    pub async fn capabilities_self(
+        &self,
+        paths: &[String],
+    ) -> Result<BTreeMap<String, Vec<String>>, PortError> {
+        let doing = format!("ask Vault at {} what VAULT_TOKEN may do", self.origin);
+        if paths.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        let url = self
+            .addr
+            .join("v1/sys/capabilities-self")
+            .map_err(|e| PortError::new(ErrorClass::Configuration, format!("{doing}: {e}")))?;
+        let api_paths: Vec<String> = paths.iter().map(|p| self.data_path(p)).collect();
+        let request = self
+            .post(url, &doing)?
+            .json(&serde_json::json!({ "paths": api_paths }));
+        let answer = self.answer_json(request, &doing).await?;
+        let mut capabilities = BTreeMap::new();
+        for (path, api_path) in paths.iter().zip(&api_paths) {
+            let listed = answer
+                .get(api_path)
+                .or_else(|| answer["data"].get(api_path))
+                .and_then(Value::as_array)
+                .ok_or_else(|| {
+                    PortError::new(
+                        ErrorClass::Malformed,
+                        format!("{doing}: the answer has no capability list for {api_path}"),
+                    )
+                })?;
+            capabilities.insert(
+                path.clone(),
+                listed
+                    .iter()
+                    .filter_map(|c| c.as_str().map(str::to_string))
+                    .collect(),
+            );
+        }
+        Ok(capabilities)
+    }
+}
+
+/// Whether a capability list from `sys/capabilities-self` lets the token read the secret.
+pub fn grants_read(capabilities: &[String]) -> bool {
+    capabilities.iter().any(|c| c == "read" || c == "root")
+}
+
 /// `POST sys/wrapping/wrap` (API-CONTRACTS 4.4): the daemon's token authenticates, the TTL
 /// goes in `X-Vault-Wrap-TTL`, the body is the object to wrap; the answer's
 /// `wrap_info.token` is the single-use token. The body and the answer are never shown in an
@@ -322,14 +438,6 @@ impl crate::act::CredentialWrapper for VaultKv {
             .addr
             .join("v1/sys/wrapping/wrap")
             .map_err(|e| PortError::new(ErrorClass::Configuration, format!("{doing}: {e}")))?;
-        let mut token = reqwest::header::HeaderValue::from_str(self.token.expose_secret())
-            .map_err(|_| {
-                PortError::new(
-                    ErrorClass::Configuration,
-                    format!("{doing}: VAULT_TOKEN is not a valid header value"),
-                )
-            })?;
-        token.set_sensitive(true);
         let body: Map<String, Value> = fields
             .iter()
             .map(|(field, value)| {
@@ -339,47 +447,11 @@ impl crate::act::CredentialWrapper for VaultKv {
                 )
             })
             .collect();
-        let mut request = self
-            .http
-            .post(url)
-            .header("X-Vault-Token", token)
+        let request = self
+            .post(url, &doing)?
             .header("X-Vault-Wrap-TTL", format!("{}s", ttl.as_secs().max(1)))
             .json(&body);
-        if let Some(namespace) = &self.namespace {
-            request = request.header("X-Vault-Namespace", namespace);
-        }
-        let response = request
-            .send()
-            .await
-            .map_err(|e| crate::clients::http::transport_error("Vault", &doing, &e))?;
-        let status = response.status();
-        if status.is_redirection() {
-            return Err(crate::clients::http::redirect_refused(
-                "Vault", &doing, status,
-            ));
-        }
-        if !status.is_success() {
-            // Vault's error bodies name the problem and never echo the request.
-            let text = response.text().await.unwrap_or_default();
-            let errors: Vec<String> = serde_json::from_str::<Value>(&text)
-                .ok()
-                .and_then(|v| v["errors"].as_array().cloned())
-                .unwrap_or_default()
-                .iter()
-                .filter_map(|e| e.as_str().map(str::to_string))
-                .collect();
-            return Err(status_error(
-                &doing,
-                status.as_u16(),
-                &errors_detail(&errors),
-            ));
-        }
-        let answer: Value = response.json().await.map_err(|_| {
-            PortError::new(
-                ErrorClass::Malformed,
-                format!("{doing}: the response is not JSON"),
-            )
-        })?;
+        let answer = self.answer_json(request, &doing).await?;
         match answer["wrap_info"]["token"].as_str() {
             Some(token) if !token.is_empty() => Ok(SecretString::from(token.to_string())),
             _ => Err(PortError::new(

@@ -18,6 +18,9 @@ use crate::observe::BudgetReading;
 
 /// `--idle-poll-interval` when it is not set and no webhook is received.
 pub const IDLE_POLL_INTERVAL_DEFAULT: Duration = Duration::from_secs(60);
+/// `--idle-poll-interval` when it is not set and webhooks are received: a job whose webhook
+/// was lost waits at most this long.
+pub const IDLE_POLL_INTERVAL_WITH_WEBHOOKS: Duration = Duration::from_secs(300);
 
 /// How long a webhook hint keeps its repo on the busy schedule: a push usually brings more
 /// jobs (later `needs:` levels, re-runs) within minutes.

@@ -425,14 +425,8 @@ impl GitHub {
         if let Some(id) = app.installations.get(repo.owner(), now) {
             return Ok(id);
         }
-        let doing = format!("look up the GitHub App installation for {repo}");
-        let path = format!("/repos/{}/{}/installation", repo.owner(), repo.name());
-        let id = match self.app_call(app, Method::GET, path, None, &doing).await {
-            Ok(answer) => {
-                serde_json::from_str::<wire::Installation>(&answer.body)
-                    .map_err(|e| malformed(&doing, &e))?
-                    .id
-            }
+        let id = match self.lookup_installation(app, repo).await {
+            Ok(id) => id,
             Err(e) if e.class == ErrorClass::NotFound => match app.fallback_installation {
                 Some(id) => id,
                 None => {
@@ -446,6 +440,29 @@ impl GitHub {
         };
         app.installations.put(repo.owner(), id, now);
         Ok(id)
+    }
+
+    /// `GET /repos/{owner}/{repo}/installation` with the App's JWT: the installation that
+    /// covers `repo`; a `NotFound` error when the App is not installed on it.
+    async fn lookup_installation(&self, app: &App, repo: &RepoName) -> Result<u64, PortError> {
+        let doing = format!("look up the GitHub App installation for {repo}");
+        let path = format!("/repos/{}/{}/installation", repo.owner(), repo.name());
+        let answer = self.app_call(app, Method::GET, path, None, &doing).await?;
+        Ok(serde_json::from_str::<wire::Installation>(&answer.body)
+            .map_err(|e| malformed(&doing, &e))?
+            .id)
+    }
+
+    /// `config check --live`: the installation of the App that covers `repo` itself, asked
+    /// afresh (no per-owner cache, no `GITHUB_APP_INSTALLATION_ID` fallback); `None` when
+    /// the App is not installed on it.
+    pub async fn app_installation_on(&self, repo: &RepoName) -> Result<Option<u64>, PortError> {
+        let app = self.app(repo)?;
+        match self.lookup_installation(app, repo).await {
+            Ok(id) => Ok(Some(id)),
+            Err(e) if e.class == ErrorClass::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     async fn mint_installation_token(

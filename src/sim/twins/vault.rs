@@ -1,7 +1,7 @@
 //! Twin of Vault's KV v2 secrets engine: read and write of `/v1/{mount}/data/{path}`, tokens
 //! with per-path read policies, namespaces recorded, and a sealed switch; and of response
-//! wrapping (`sys/wrapping/wrap` and `sys/wrapping/unwrap`), which every token may use as
-//! Vault's built-in `default` policy allows.
+//! wrapping (`sys/wrapping/wrap` and `sys/wrapping/unwrap`) and `sys/capabilities-self`,
+//! which every token may use as Vault's built-in `default` policy allows.
 //!
 //! Shapes follow Vault's documentation and the KV v2 plugin source (`path_data.go`): a read
 //! answers the full response envelope; a never-written path is 404 `{"errors":[]}`; a
@@ -124,6 +124,10 @@ impl VaultTwin {
                 get(read_secret).post(write_secret).put(write_secret),
             )
             .route("/v1/sys/wrapping/wrap", post(wrap).put(wrap))
+            .route(
+                "/v1/sys/capabilities-self",
+                post(capabilities_self).put(capabilities_self),
+            )
             .route("/v1/sys/wrapping/unwrap", post(unwrap).put(unwrap))
             .fallback(no_handler)
             .with_state(self.clone())
@@ -484,6 +488,62 @@ async fn wrap(
     state.requests.push(VaultRequest {
         method: method.to_string(),
         path: api_path.to_string(),
+        namespace: None,
+        status: response.status().as_u16(),
+    });
+    response
+}
+
+/// `POST /v1/sys/capabilities-self` with `{"paths": [...]}`, which every token may ask as
+/// Vault's `default` policy allows: per path `["root"]` for a root token, `["read"]` where a
+/// read-only policy names the path, else `["deny"]`; at the top level and under `data`, as
+/// Vault answers, plus `capabilities` when one path was asked.
+async fn capabilities_self(
+    State(twin): State<VaultTwin>,
+    method: Method,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let mut state = twin.lock();
+    let policy = token_of(&headers).and_then(|t| state.tokens.get(&t).cloned());
+    let paths = serde_json::from_slice::<Value>(&body).ok().and_then(|v| {
+        v["paths"].as_array().map(|paths| {
+            paths
+                .iter()
+                .filter_map(|p| p.as_str().map(str::to_string))
+                .collect::<Vec<_>>()
+        })
+    });
+    let response = match (state.sealed, policy, paths) {
+        (true, _, _) => errors(StatusCode::SERVICE_UNAVAILABLE, &["Vault is sealed"]),
+        (_, None, _) => errors(StatusCode::FORBIDDEN, &["permission denied"]),
+        (_, _, None) => errors(
+            StatusCode::BAD_REQUEST,
+            &["missing required 'paths' parameter"],
+        ),
+        (_, Some(policy), Some(paths)) => {
+            let mut data = Map::new();
+            for path in &paths {
+                let capabilities = match &policy {
+                    VaultPolicy::Root => json!(["root"]),
+                    p if p.allows(path, false) => json!(["read"]),
+                    _ => json!(["deny"]),
+                };
+                data.insert(path.clone(), capabilities);
+            }
+            if paths.len() == 1 {
+                data.insert("capabilities".into(), data[&paths[0]].clone());
+            }
+            let mut answer = envelope(Value::Object(data.clone()));
+            for (key, value) in data {
+                answer[key] = value;
+            }
+            (StatusCode::OK, axum::Json(answer)).into_response()
+        }
+    };
+    state.requests.push(VaultRequest {
+        method: method.to_string(),
+        path: "sys/capabilities-self".into(),
         namespace: None,
         status: response.status().as_u16(),
     });

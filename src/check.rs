@@ -1,0 +1,493 @@
+//! Catching a wrong setup before it costs a tick.
+//!
+//! `config check --live` ([`check_live`]) holds a valid document against the services it
+//! names: each parent job's parameterized meta against what the repo's mode sends, the App's
+//! installation on each `app` repo, each `vaultPath` readable and each `registerVaultPath`
+//! not, each Forgejo instance's version. One problem per line, naming the repo and what to
+//! fix.
+//!
+//! The daemon itself asks the one question that guards a secret ([`admin_token_holds`]):
+//! whether its own Vault token can read a `registerVaultPath`. A repo whose admin token it
+//! could read is held, loudly, for as long as that is so.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::clients::forgejo::Forgejo;
+use crate::clients::github::GitHub;
+use crate::clients::nomad::NomadClient;
+use crate::clients::vault::{VaultKv, grants_read};
+use crate::config::{Config, Mode, RepoConfig};
+use crate::model::RepoName;
+use crate::observe::PortError;
+use crate::secrets::SecretSource;
+
+/// A parent job as Nomad has it, as far as dispatching to it goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ParentJob {
+    Missing,
+    NotParameterized,
+    Parameterized {
+        stopped: bool,
+        meta_required: BTreeSet<String>,
+        meta_optional: BTreeSet<String>,
+    },
+}
+
+/// The dispatch meta keys the daemon sends for a repo in `mode`, as the Nomad client writes
+/// them (`DispatchMetaWire` in `clients/nomad.rs`): `runner_token` goes with every runner
+/// the daemon mints a credential for, which in `vault` mode it never does (the runner job
+/// reads its admin token itself).
+pub fn meta_sent(mode: &Mode) -> BTreeSet<&'static str> {
+    let mut keys: BTreeSet<&'static str> = ["repo_url", "labels", "runner_name", "managed_by"]
+        .into_iter()
+        .collect();
+    if !matches!(mode, Mode::Vault { .. }) {
+        keys.insert("runner_token");
+    }
+    keys
+}
+
+/// What is wrong with dispatching `repo`'s runners to `parent`, one line each.
+pub fn parent_problems(repo: &RepoConfig, parent: &str, job: &ParentJob) -> Vec<String> {
+    let who = format!("{}: parent job {parent}", repo.repo);
+    let (stopped, required, optional) = match job {
+        ParentJob::Missing => {
+            return vec![format!(
+                "{who} does not exist in Nomad (in NOMAD_NAMESPACE): register it, or route the \
+                 repo to a parent that exists"
+            )];
+        }
+        ParentJob::NotParameterized => {
+            return vec![format!(
+                "{who} is not a parameterized job: give it a parameterized block, or it cannot \
+                 be dispatched"
+            )];
+        }
+        ParentJob::Parameterized {
+            stopped,
+            meta_required,
+            meta_optional,
+        } => (*stopped, meta_required, meta_optional),
+    };
+    let mut problems = Vec::new();
+    if stopped {
+        problems.push(format!(
+            "{who} is stopped: Nomad refuses to dispatch it; run it again"
+        ));
+    }
+    let sent = meta_sent(&repo.mode);
+    let mode = repo.mode.as_str();
+    for key in &sent {
+        if !required.contains(*key) && !optional.contains(*key) {
+            problems.push(format!(
+                "{who} does not permit meta key {key}, which {mode} mode sends: add it to \
+                 meta_required or meta_optional of its parameterized block, or Nomad refuses \
+                 every dispatch (unpermitted metadata keys)"
+            ));
+        }
+    }
+    for key in required {
+        if !sent.contains(key.as_str()) {
+            problems.push(format!(
+                "{who} requires meta key {key}, which {mode} mode never sends: remove it from \
+                 meta_required (make it optional), or Nomad refuses every dispatch (required \
+                 meta keys missing)"
+            ));
+        }
+    }
+    problems
+}
+
+/// The live services the check asks, as `run` builds them.
+#[derive(Clone)]
+pub struct LiveClients {
+    pub nomad: Arc<NomadClient>,
+    pub github: Arc<GitHub>,
+    pub forgejo: Arc<Forgejo>,
+    /// `None` when `VAULT_TOKEN` is not set.
+    pub vault: Option<Arc<VaultKv>>,
+}
+
+/// What `config check --live` found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LiveReport {
+    /// What was checked and found right, one line each.
+    pub checked: Vec<String>,
+    /// Worth knowing, not wrong.
+    pub notes: Vec<String>,
+    /// One line per problem, naming the repo and what to fix.
+    pub problems: Vec<String>,
+}
+
+/// `<repo>: <message>`, unless the message names the repo first already.
+fn about(repo: &RepoName, message: &str) -> String {
+    if message.starts_with(&repo.to_string()) {
+        message.to_string()
+    } else {
+        format!("{repo}: {message}")
+    }
+}
+
+/// Checks every repo of `config` against the live services.
+pub async fn check_live(config: &Config, clients: &LiveClients) -> LiveReport {
+    let mut report = LiveReport::default();
+    let mut parents: BTreeMap<String, Result<ParentJob, PortError>> = BTreeMap::new();
+    for repo in config.repos.values() {
+        check_parents(repo, clients, &mut parents, &mut report).await;
+        match &repo.mode {
+            Mode::App => check_installation(repo, clients, &mut report).await,
+            Mode::Vault { vault_path, .. } => {
+                check_readable(repo, vault_path, clients, &mut report).await;
+            }
+            Mode::Forgejo { url, vault_path } => {
+                // The version is read with the repo's API token: without it, that is the
+                // one problem to fix first.
+                if check_readable(repo, vault_path, clients, &mut report).await {
+                    check_forgejo(repo, url, clients, &mut report).await;
+                }
+            }
+        }
+    }
+    check_register_paths(config, clients, &mut report).await;
+    report
+}
+
+async fn check_parents(
+    repo: &RepoConfig,
+    clients: &LiveClients,
+    parents: &mut BTreeMap<String, Result<ParentJob, PortError>>,
+    report: &mut LiveReport,
+) {
+    for parent in repo.parents() {
+        // The same parent name may live in two namespaces: one reading per (namespace, name).
+        let key = format!(
+            "{}/{parent}",
+            repo.nomad_namespace.as_deref().unwrap_or_default()
+        );
+        if !parents.contains_key(&key) {
+            let read = clients
+                .nomad
+                .read_parent(&parent, repo.nomad_namespace.as_deref())
+                .await;
+            parents.insert(key.clone(), read);
+        }
+        match &parents[&key] {
+            Ok(job) => {
+                let problems = parent_problems(repo, &parent, job);
+                if problems.is_empty() {
+                    report.checked.push(format!(
+                        "{}: parent job {parent} takes the meta {} mode sends",
+                        repo.repo,
+                        repo.mode.as_str()
+                    ));
+                }
+                report.problems.extend(problems);
+            }
+            Err(e) => report.problems.push(format!(
+                "{}: parent job {parent} could not be read: {}",
+                repo.repo, e.message
+            )),
+        }
+    }
+}
+
+async fn check_installation(repo: &RepoConfig, clients: &LiveClients, report: &mut LiveReport) {
+    match clients.github.app_installation_on(&repo.repo).await {
+        Ok(Some(id)) => report.checked.push(format!(
+            "{}: the GitHub App is installed on it (installation {id})",
+            repo.repo
+        )),
+        Ok(None) => report.problems.push(format!(
+            "{}: the GitHub App is not installed on it: install the App on the repo (or on all \
+             of {}'s repositories)",
+            repo.repo,
+            repo.repo.owner()
+        )),
+        Err(e) => report.problems.push(about(&repo.repo, &e.message)),
+    }
+}
+
+/// Whether the token field at `path` could be read.
+async fn check_readable(
+    repo: &RepoConfig,
+    path: &str,
+    clients: &LiveClients,
+    report: &mut LiveReport,
+) -> bool {
+    let Some(vault) = &clients.vault else {
+        report.problems.push(format!(
+            "{}: vaultPath {path} cannot be read: VAULT_TOKEN is not set",
+            repo.repo
+        ));
+        return false;
+    };
+    let field = crate::clients::forgejo::API_TOKEN_FIELD;
+    match vault.read_field(path, field).await {
+        Ok(_) => {
+            report.checked.push(format!(
+                "{}: vaultPath {path} is readable and has a {field} field",
+                repo.repo
+            ));
+            true
+        }
+        Err(e) => {
+            report.problems.push(format!(
+                "{}: vaultPath {path} is not readable by VAULT_TOKEN: {}; grant read on {} to the \
+             daemon's policy and write the {field} field there",
+                repo.repo,
+                e.message,
+                vault.data_path(path)
+            ));
+            false
+        }
+    }
+}
+
+async fn check_forgejo(
+    repo: &RepoConfig,
+    url: &url::Url,
+    clients: &LiveClients,
+    report: &mut LiveReport,
+) {
+    let shown = url.origin().ascii_serialization();
+    match clients.forgejo.registers_ephemeral_runners(repo).await {
+        Ok(true) => report.checked.push(format!(
+            "{}: the Forgejo at {shown} is 15 or later: one ephemeral runner per job",
+            repo.repo
+        )),
+        Ok(false) => {
+            report.checked.push(format!(
+                "{}: the Forgejo at {shown} has the runner job search",
+                repo.repo
+            ));
+            report.notes.push(format!(
+                "{}: the Forgejo at {shown} is older than 15: every runner gets the repo's \
+                 shared registration token, which does not expire",
+                repo.repo
+            ));
+        }
+        Err(e) => report.problems.push(about(&repo.repo, &e.message)),
+    }
+}
+
+/// `config check --live`: builds the clients as `run` does (exit 64 on a bad setting),
+/// checks, prints what was checked and notes on stdout and one line per problem on stderr;
+/// exit 1 on any problem.
+pub fn run_live_check(config: &Config, args: &crate::cli::DaemonArgs) -> std::process::ExitCode {
+    use crate::cli::{EXIT_BAD_SETTINGS, EXIT_INVALID};
+    use std::process::ExitCode;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("start the tokio runtime");
+    let report = runtime.block_on(async {
+        let built = crate::wiring::build(args).await?;
+        Ok::<_, String>(check_live(config, &built.live).await)
+    });
+    let report = match report {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("runner-scaler: {e}");
+            return ExitCode::from(EXIT_BAD_SETTINGS as u8);
+        }
+    };
+    for line in &report.checked {
+        println!("checked: {line}");
+    }
+    for note in &report.notes {
+        println!("note: {note}");
+    }
+    for problem in &report.problems {
+        eprintln!("{problem}");
+    }
+    if report.problems.is_empty() {
+        println!("live: all well");
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_INVALID as u8)
+    }
+}
+
+/// Every `vault` repo's `registerVaultPath`.
+fn register_paths(config: &Config) -> Vec<(RepoName, String)> {
+    config
+        .repos
+        .values()
+        .filter_map(|repo| match &repo.mode {
+            Mode::Vault {
+                register_vault_path,
+                ..
+            } => Some((repo.repo.clone(), register_vault_path.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn check_register_paths(config: &Config, clients: &LiveClients, report: &mut LiveReport) {
+    let paths = register_paths(config);
+    if paths.is_empty() {
+        return;
+    }
+    let Some(vault) = &clients.vault else {
+        for (repo, path) in &paths {
+            report.problems.push(format!(
+                "{repo}: registerVaultPath {path} cannot be checked: VAULT_TOKEN is not set"
+            ));
+        }
+        return;
+    };
+    let holds = admin_token_holds(config, vault.as_ref()).await;
+    for (repo, path) in &paths {
+        match holds.get(repo) {
+            Some(why) => report.problems.push(format!("{repo}: {why}")),
+            None => report.checked.push(format!(
+                "{repo}: registerVaultPath {path} is not readable by VAULT_TOKEN"
+            )),
+        }
+    }
+}
+
+/// Asks Vault what the daemon's own token may do on secret paths: `sys/capabilities-self`.
+#[async_trait]
+pub trait CapabilityProbe: Send + Sync {
+    /// The capability list per secret path (under the KV v2 mount), and the API path a
+    /// policy names it by.
+    async fn capabilities(
+        &self,
+        paths: &[String],
+    ) -> Result<BTreeMap<String, Vec<String>>, PortError>;
+
+    fn api_path(&self, path: &str) -> String;
+}
+
+#[async_trait]
+impl CapabilityProbe for VaultKv {
+    async fn capabilities(
+        &self,
+        paths: &[String],
+    ) -> Result<BTreeMap<String, Vec<String>>, PortError> {
+        self.capabilities_self(paths).await
+    }
+
+    fn api_path(&self, path: &str) -> String {
+        self.data_path(path)
+    }
+}
+
+/// The `vault` repos whose `registerVaultPath` the daemon's token can read, or whose
+/// capabilities could not be asked, each with why vault mode is refused for it. The daemon
+/// must never be able to read an admin token: whoever takes it over would hold it.
+pub async fn admin_token_holds(
+    config: &Config,
+    probe: &dyn CapabilityProbe,
+) -> BTreeMap<RepoName, String> {
+    let paths = register_paths(config);
+    if paths.is_empty() {
+        return BTreeMap::new();
+    }
+    let asked: Vec<String> = paths
+        .iter()
+        .map(|(_, p)| p.clone())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let answer = probe.capabilities(&asked).await;
+    paths
+        .into_iter()
+        .filter_map(|(repo, path)| {
+            let api_path = probe.api_path(&path);
+            let why = match &answer {
+                Err(e) => format!(
+                    "registerVaultPath {path}: could not ask Vault whether VAULT_TOKEN can read \
+                     it ({}); vault mode is refused until it can be asked",
+                    e.message
+                ),
+                Ok(capabilities) => {
+                    let granted = capabilities.get(&path).map(Vec::as_slice).unwrap_or(&[]);
+                    if !grants_read(granted) {
+                        return None;
+                    }
+                    format!(
+                        "VAULT_TOKEN can read registerVaultPath {path} ({api_path}: {}): vault \
+                         mode is refused, because the daemon must never be able to read the \
+                         admin token; remove read on {api_path} from the daemon's Vault policy",
+                        granted.join(", ")
+                    )
+                }
+            };
+            Some((repo, why))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ConfigDefaults, parse_document};
+
+    fn repo_of(document: &str) -> RepoConfig {
+        let config = parse_document(document.as_bytes(), &ConfigDefaults::default()).unwrap();
+        config.repos.into_values().next().unwrap()
+    }
+
+    fn parameterized(required: &[&str], optional: &[&str]) -> ParentJob {
+        ParentJob::Parameterized {
+            stopped: false,
+            meta_required: required.iter().map(|s| s.to_string()).collect(),
+            meta_optional: optional.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn vault_mode_sends_no_runner_token_and_the_others_do() {
+        let app = repo_of(r#"{"o/a": {"mode": "app"}}"#);
+        let vault = repo_of(
+            r#"{"o/v": {"mode": "vault", "vaultPath": "p", "registerVaultPath": "r", "defaultJob": "j"}}"#,
+        );
+        assert!(meta_sent(&app.mode).contains("runner_token"));
+        assert!(!meta_sent(&vault.mode).contains("runner_token"));
+        let exact = parameterized(&["repo_url", "runner_name"], &["labels", "managed_by"]);
+        assert_eq!(parent_problems(&vault, "j", &exact), Vec::<String>::new());
+        // The same parent refuses an app repo's token: not permitted.
+        let problems = parent_problems(&app, "ci-runner", &exact);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0]
+                .starts_with("o/a: parent job ci-runner does not permit meta key runner_token"),
+            "{problems:?}"
+        );
+        // A parent that requires a token a vault repo never sends.
+        let token = parameterized(
+            &["repo_url", "runner_name", "runner_token"],
+            &["labels", "managed_by"],
+        );
+        let problems = parent_problems(&vault, "j", &token);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].contains("requires meta key runner_token"),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn a_missing_stopped_or_plain_parent_is_a_problem() {
+        let app = repo_of(r#"{"o/a": {"mode": "app"}}"#);
+        for job in [ParentJob::Missing, ParentJob::NotParameterized] {
+            assert_eq!(parent_problems(&app, "ci-runner", &job).len(), 1, "{job:?}");
+        }
+        let stopped = ParentJob::Parameterized {
+            stopped: true,
+            meta_required: BTreeSet::new(),
+            meta_optional: meta_sent(&app.mode)
+                .into_iter()
+                .map(str::to_string)
+                .collect(),
+        };
+        let problems = parent_problems(&app, "ci-runner", &stopped);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("is stopped"), "{problems:?}");
+    }
+}
