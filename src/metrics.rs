@@ -543,6 +543,7 @@ impl Metrics {
             labels: "label".into(),
         };
         let m = &metrics;
+        m.count_webhook_delivery("github", "accepted");
         for family in [&m.queued, &m.in_progress, &m.in_flight] {
             family.get_or_create(&bucket).set(0);
         }

@@ -16,7 +16,14 @@ async fn the_demo_world_serves_every_job_within_every_cap_and_purges_every_child
     assert_eq!(summary.jobs_served, summary.jobs_total, "{shown}");
     assert!(summary.cap_violations.is_empty(), "{shown}");
     assert!(summary.dispatches >= summary.jobs_total, "{shown}");
-    assert_eq!(summary.purges, summary.dispatches, "{shown}");
+    // Every child is purged but vault mode's, which Nomad's GC removes (ev-the-dev/moat's
+    // go and vm runners).
+    assert!(summary.left_to_nomad_gc > 0, "{shown}");
+    assert_eq!(
+        summary.purges + summary.left_to_nomad_gc,
+        summary.dispatches,
+        "{shown}"
+    );
     // Every cap of the document was watched, and none was exceeded.
     assert_eq!(summary.in_flight_max.len(), 6, "{shown}");
     for (cap, (seen, limit)) in &summary.in_flight_max {

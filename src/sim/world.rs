@@ -98,6 +98,9 @@ pub struct WorldSummary {
     pub jobs_served: usize,
     pub dispatches: usize,
     pub purges: usize,
+    /// Children of ours still in Nomad, dead, at the end: the daemon never purges a `vault`
+    /// mode child (its namespace grants no `submit-job`); Nomad's batch GC removes them.
+    pub left_to_nomad_gc: usize,
     /// Times a runner took a job of another bucket (a runner with more labels).
     pub cross_bucket_takes: usize,
     /// Runners that exited without ever running a job.
@@ -124,6 +127,10 @@ impl WorldSummary {
         ));
         out.push_str(&format!("  dispatches           {}\n", self.dispatches));
         out.push_str(&format!("  purges               {}\n", self.purges));
+        out.push_str(&format!(
+            "  left to Nomad's GC   {} (vault mode: dead, never purged by the daemon)\n",
+            self.left_to_nomad_gc
+        ));
         out.push_str(&format!(
             "  superset takes       {} (a runner with more labels took another bucket's job)\n",
             self.cross_bucket_takes
@@ -536,8 +543,14 @@ impl<'t> World<'t> {
 
     /// Ends the world's watch: the purges are counted against Nomad as it is now.
     pub fn finish(mut self) -> WorldSummary {
-        let present: BTreeSet<String> = self.children().iter().map(|c| c.id.clone()).collect();
+        let children = self.children();
+        let present: BTreeSet<String> = children.iter().map(|c| c.id.clone()).collect();
         self.summary.purges = self.seen_children.difference(&present).count();
+        self.summary.left_to_nomad_gc = children
+            .iter()
+            .filter(|c| c.meta.get("managed_by").map(String::as_str) == Some(MANAGED_BY))
+            .filter(|c| c.status == crate::observe::ChildStatus::Dead)
+            .count();
         self.summary.jobs_served = self.served.len();
         self.summary
     }
