@@ -3,59 +3,15 @@
 //! the values that matter (variable defaults, `for_each` entries, `dynamic` blocks) by hand:
 //! who may write jobs where, what each identity is bound to, which Vault paths a policy names.
 
+mod support;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use hcl::{Block, BlockLabel, Body, Expression, ObjectKey, TemplateExpr};
-
-fn repo_path(relative: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(relative)
-}
-
-fn read(relative: &str) -> String {
-    let path = repo_path(relative);
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
-}
-
-fn parse_text(text: &str, what: &str) -> Body {
-    hcl::from_str::<Body>(text).unwrap_or_else(|e| panic!("{what} is not valid HCL: {e}"))
-}
-
-fn parse(relative: &str) -> Body {
-    parse_text(&read(relative), relative)
-}
-
-fn label_text(label: &BlockLabel) -> &str {
-    match label {
-        BlockLabel::Identifier(ident) => ident.as_str(),
-        BlockLabel::String(s) => s,
-    }
-}
-
-fn blocks<'a>(body: &'a Body, ident: &str) -> Vec<&'a Block> {
-    body.blocks().filter(|b| b.identifier() == ident).collect()
-}
-
-fn block<'a>(body: &'a Body, ident: &str) -> &'a Block {
-    let found = blocks(body, ident);
-    assert_eq!(found.len(), 1, "expected one {ident} block");
-    found[0]
-}
-
-fn labelled<'a>(body: &'a Body, ident: &str, labels: &[&str]) -> &'a Block {
-    blocks(body, ident)
-        .into_iter()
-        .find(|b| b.labels().iter().map(label_text).eq(labels.iter().copied()))
-        .unwrap_or_else(|| panic!("no {ident} {labels:?} block"))
-}
-
-fn optional_attr<'a>(body: &'a Body, key: &str) -> Option<&'a Expression> {
-    body.attributes().find(|a| a.key() == key).map(|a| a.expr())
-}
-
-fn attr<'a>(body: &'a Body, key: &str) -> &'a Expression {
-    optional_attr(body, key).unwrap_or_else(|| panic!("no attribute {key}"))
-}
+use hcl::{Block, Body, Expression, ObjectKey, TemplateExpr};
+use support::hcl_files::{
+    attr, block, blocks, label_text, labelled, optional_attr, parse, parse_text, read, repo_path,
+};
 
 /// A string literal or template as written, `${…}` included; anything else as HCL source
 /// (`var.x`, `each.value.job_id`, `a ? b : c`).

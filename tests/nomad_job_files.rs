@@ -1,56 +1,15 @@
 //! The Nomad job files in `nomad/` and the Terraform in `terraform/`: valid HCL, and the
 //! properties the daemon's safety depends on.
 
+mod support;
+
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use hcl::{Block, BlockLabel, Body, Expression, TemplateExpr};
-
-fn repo_path(relative: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(relative)
-}
-
-fn parse_text(text: &str, what: &str) -> Body {
-    hcl::from_str::<Body>(text).unwrap_or_else(|e| panic!("{what} is not valid HCL: {e}"))
-}
-
-fn parse(relative: &str) -> Body {
-    let path = repo_path(relative);
-    let text =
-        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-    parse_text(&text, relative)
-}
-
-fn label_text(label: &BlockLabel) -> &str {
-    match label {
-        BlockLabel::Identifier(ident) => ident.as_str(),
-        BlockLabel::String(s) => s,
-    }
-}
-
-fn blocks<'a>(body: &'a Body, ident: &str) -> Vec<&'a Block> {
-    body.blocks().filter(|b| b.identifier() == ident).collect()
-}
-
-fn block<'a>(body: &'a Body, ident: &str) -> &'a Block {
-    let found = blocks(body, ident);
-    assert_eq!(found.len(), 1, "expected one {ident} block");
-    found[0]
-}
-
-fn labelled<'a>(body: &'a Body, ident: &str, labels: &[&str]) -> &'a Block {
-    blocks(body, ident)
-        .into_iter()
-        .find(|b| b.labels().iter().map(label_text).eq(labels.iter().copied()))
-        .unwrap_or_else(|| panic!("no {ident} {labels:?} block"))
-}
-
-fn attr<'a>(body: &'a Body, key: &str) -> &'a Expression {
-    body.attributes()
-        .find(|a| a.key() == key)
-        .map(|a| a.expr())
-        .unwrap_or_else(|| panic!("no attribute {key}"))
-}
+use hcl::{Body, Expression, TemplateExpr};
+use support::hcl_files::{
+    attr, block, blocks, labelled, optional_attr, parse, parse_text, repo_path,
+};
 
 fn text(expr: &Expression) -> String {
     match expr {
@@ -195,10 +154,6 @@ fn every_job_file() -> Vec<(String, Body)> {
     files.sort_by(|a, b| a.0.cmp(&b.0));
     assert!(files.len() >= 4, "{files:?}");
     files
-}
-
-fn optional_attr<'a>(body: &'a Body, key: &str) -> Option<&'a Expression> {
-    body.attributes().find(|a| a.key() == key).map(|a| a.expr())
 }
 
 /// A uid as a job file writes it: `user = "1001"` on a task, `uid = 1001` on a template.

@@ -10,6 +10,7 @@ use tracing_subscriber::fmt::MakeWriter;
 
 pub mod daemon_process;
 pub mod fixtures;
+pub mod hcl_files;
 pub mod memory_loop;
 pub mod recording;
 
