@@ -7,7 +7,6 @@ mod support;
 
 use chrono::{DateTime, Duration, Utc};
 use runner_scaler::sim::twins::vault::WRAPPING_TOKEN_INVALID;
-use serde_json::Value;
 use support::twins::{Twins, config};
 
 const REPO: &str = "alex/s3-orchestrator";
@@ -24,22 +23,6 @@ fn forgejo_world(twins: &Twins, version: &str) -> (runner_scaler::config::Config
     twins.forgejo.set_version(version);
     let job = twins.forgejo.add_job(REPO, "build", &["build"]);
     (config(&document), job)
-}
-
-/// Unwraps `token` at the Vault twin as the runner's entrypoint does.
-async fn unwrap(twins: &Twins, token: &str) -> (u16, Value) {
-    runner_scaler::clients::http::install_crypto_provider();
-    let response = reqwest::Client::new()
-        .post(format!(
-            "{}/v1/sys/wrapping/unwrap",
-            twins.vault_server.base_url()
-        ))
-        .header("X-Vault-Token", token)
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap())
 }
 
 #[tokio::test]
@@ -79,12 +62,12 @@ async fn on_forgejo_15_a_dispatch_registers_its_own_ephemeral_runner_and_nomad_h
     assert!(!meta.contains(&runner.token) && !meta.contains(&runner.uuid));
     let wrapping = &child.meta["runner_token"];
     assert!(twins.vault.wrapping_tokens().contains(wrapping));
-    let (status, first) = unwrap(&twins, wrapping).await;
+    let (status, first) = twins.unwrap_as_runner(wrapping).await;
     assert_eq!(status, 200, "{first}");
     assert_eq!(first["data"]["runner_uuid"], runner.uuid.as_str());
     assert_eq!(first["data"]["runner_token"], runner.token.as_str());
     assert_eq!(first["data"].as_object().unwrap().len(), 2);
-    let (status, second) = unwrap(&twins, wrapping).await;
+    let (status, second) = twins.unwrap_as_runner(wrapping).await;
     assert_eq!(status, 400);
     assert_eq!(second["errors"][0], WRAPPING_TOKEN_INVALID);
 }
@@ -158,7 +141,7 @@ async fn before_forgejo_15_every_runner_gets_the_shared_registration_token() {
     );
     let child = twins.our_children(PARENT).remove(0);
     assert!(twins.forgejo.registered_runners().is_empty());
-    let (status, unwrapped) = unwrap(&twins, &child.meta["runner_token"]).await;
+    let (status, unwrapped) = twins.unwrap_as_runner(&child.meta["runner_token"]).await;
     assert_eq!(status, 200, "{unwrapped}");
     assert_eq!(
         unwrapped["data"]["registration_token"].as_str(),

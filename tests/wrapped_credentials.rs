@@ -36,22 +36,6 @@ async fn nomad_get(twins: &Twins, path: &str) -> String {
         .unwrap()
 }
 
-/// Unwraps `token` at the Vault twin as the runner does: the wrapping token is the only
-/// credential, and there is no body.
-async fn unwrap(twins: &Twins, token: &str) -> (u16, Value) {
-    let response = http()
-        .post(format!(
-            "{}/v1/sys/wrapping/unwrap",
-            twins.vault_server.base_url()
-        ))
-        .header("X-Vault-Token", token)
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nomad_holds_only_a_single_use_wrapping_token() {
     let twins = Twins::start().await;
@@ -103,11 +87,11 @@ async fn nomad_holds_only_a_single_use_wrapping_token() {
     );
 
     // The runner unwraps it once and gets its JIT config; nobody can after that.
-    let (status, first) = unwrap(&twins, meta_token).await;
+    let (status, first) = twins.unwrap_as_runner(meta_token).await;
     assert_eq!(status, 200, "{first}");
     assert_eq!(first["data"]["jitconfig"], jit_config.as_str());
     assert_eq!(first["data"].as_object().unwrap().len(), 1);
-    let (status, second) = unwrap(&twins, meta_token).await;
+    let (status, second) = twins.unwrap_as_runner(meta_token).await;
     assert_eq!(status, 400);
     assert_eq!(second["errors"][0], WRAPPING_TOKEN_INVALID);
 }

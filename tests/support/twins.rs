@@ -288,6 +288,23 @@ impl Twins {
             .count()
     }
 
+    /// Unwraps `token` at the Vault twin as a runner's entrypoint does: the wrapping token is
+    /// the only credential, and there is no body. The status and the JSON answered.
+    pub async fn unwrap_as_runner(&self, token: &str) -> (u16, serde_json::Value) {
+        runner_scaler::clients::http::install_crypto_provider();
+        let response = reqwest::Client::new()
+            .post(format!(
+                "{}/v1/sys/wrapping/unwrap",
+                self.vault_server.base_url()
+            ))
+            .header("X-Vault-Token", token)
+            .send()
+            .await
+            .expect("the Vault twin answers");
+        let status = response.status().as_u16();
+        (status, response.json().await.expect("Vault answers JSON"))
+    }
+
     /// Where the twins listen.
     pub fn addresses(&self) -> TwinAddresses {
         TwinAddresses {
