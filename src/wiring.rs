@@ -756,8 +756,13 @@ fn simulate_bench(args: &SimulateArgs) -> ExitCode {
         eprintln!("runner-scaler simulate: --bench runs seeds 1..=N (--seeds N), not one --seed");
         return ExitCode::from(EXIT_BAD_SETTINGS as u8);
     }
+    // `idle` runs with the named scenarios; `fleet-500` (500 repos, minutes of wall time
+    // per seed) only when asked for by name.
     let scenarios = if args.scenario == "demo" {
-        Scenario::NAMED.to_vec()
+        Scenario::NAMED
+            .into_iter()
+            .chain([Scenario::Idle])
+            .collect()
     } else {
         match Scenario::parse(&args.scenario) {
             Some(scenario) => vec![scenario],

@@ -81,3 +81,65 @@ fn ephemerd_before_its_veto_destroys_a_busy_runner_where_ours_never_does() {
         assert_eq!(o.counts.escaped_busy, 0, "seed {}", o.seed);
     }
 }
+
+#[test]
+fn the_idle_bench_reports_the_scale_keys_for_every_strategy() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_runner-scaler"))
+        .args([
+            "simulate",
+            "--bench",
+            "--scenario",
+            "idle",
+            "--seeds",
+            "1",
+            "--json",
+        ])
+        .output()
+        .expect("run runner-scaler");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let rows: Vec<serde_json::Value> =
+        serde_json::from_slice(&out.stdout).expect("--json prints JSON");
+    assert_eq!(rows.len(), 3);
+    for row in &rows {
+        assert_eq!(row["scenario"], "idle");
+        for key in [
+            "dispatch_lag_p50_s",
+            "dispatch_lag_p99_s",
+            "secondary_points_per_min_max",
+            "concurrent_requests_max",
+            "token_mints_per_hour",
+            "github_primary_per_owner_hour_max",
+            "tick_wall_ms_p99",
+        ] {
+            assert!(row.get(key).is_some(), "{key} missing from {row}");
+        }
+        // No job in three hours: nothing to dispatch, so no lag.
+        assert!(row["dispatch_lag_p50_s"].is_null(), "{row}");
+    }
+    // The pollers read GitHub; ephemerd only listens, and with no job mints nothing.
+    for row in &rows[..2] {
+        assert!(
+            row["secondary_points_per_min_max"].as_u64() > Some(0),
+            "{row}"
+        );
+    }
+    assert!(
+        rows[2]["secondary_points_per_min_max"].is_null(),
+        "{}",
+        rows[2]
+    );
+    let ours = &rows[0];
+    assert_eq!(ours["strategy"], "ours");
+    // Only our ticks are timed.
+    assert!(ours["tick_wall_ms_p99"].as_f64().is_some(), "{ours}");
+    assert!(rows[1]["tick_wall_ms_p99"].is_null(), "{}", rows[1]);
+    // Idle repos are read once a minute with ETags, the seed's every 15 s without: the seed
+    // spends more points per minute.
+    assert!(
+        ours["secondary_points_per_min_max"].as_u64()
+            < rows[1]["secondary_points_per_min_max"].as_u64(),
+        "{ours} vs {}",
+        rows[1]
+    );
+}

@@ -237,6 +237,8 @@ struct HttpState {
     managing_runners: u32,
     /// Every request that reached the service, answered or not.
     requests: u64,
+    /// Requests entered and not yet answered (or given up by the client).
+    in_flight: u64,
 }
 
 impl HttpState {
@@ -381,6 +383,22 @@ fn installations(sim: &Sim) -> BTreeMap<String, u64> {
 fn repo_id(sim: &Sim, repo: &RepoName) -> u64 {
     let index = sim.config.repos.keys().position(|r| r == repo).unwrap_or(0);
     REPO_ID_BASE + index as u64
+}
+
+impl Route {
+    /// What the request does, for counting requests by kind.
+    fn kind(&self) -> &'static str {
+        match self {
+            Route::RepoInstallation(_) => "GET installation",
+            Route::AccessToken(_) => "POST access_tokens",
+            Route::ListRuns(_) => "GET runs",
+            Route::ListJobs(..) => "GET jobs",
+            Route::RegistrationToken(_) => "POST registration-token",
+            Route::GenerateJitConfig(_) => "POST generate-jitconfig",
+            Route::ListRunners(_) => "GET runners",
+            Route::DeleteRunner(..) => "DELETE runner",
+        }
+    }
 }
 
 fn parse_route(sim: &Sim, method: &Method, path: &str) -> Option<Route> {
@@ -557,6 +575,13 @@ impl GitHubHttp {
             }
         };
         let t = sim.t;
+        // The secondary limit counts every request that reaches GitHub, refused or not.
+        sim.requests
+            .secondary
+            .spend(&billing.holder, &parts.method, t);
+        sim.requests.github_sent += 1;
+        sim.requests.github_concurrent_max =
+            sim.requests.github_concurrent_max.max(state.in_flight);
         let fault = sim.fault(Call {
             scope: billing.scope.clone(),
             service: Service::GitHub,
@@ -687,6 +712,7 @@ impl GitHubHttp {
                 let id = repo_id(sim, &billing.repo);
                 let body =
                     access_token_json(&token, expires_s, &permission, &level, &billing.repo, id);
+                sim.requests.github_token_mints += 1;
                 Ok(Reply::json(StatusCode::CREATED, body.to_string()))
             }
             Route::ListRuns(repo) => {
@@ -700,6 +726,7 @@ impl GitHubHttp {
                 None => Ok(Reply::not_found()),
             },
             Route::RegistrationToken(_) => {
+                sim.requests.github_token_mints += 1;
                 let token = sim.mint_canary();
                 let body = json!({
                     "token": secrecy::ExposeSecret::expose_secret(&token),
@@ -728,6 +755,7 @@ impl GitHubHttp {
                 Ok(
                     match world.register_jit(t, repo, &RunnerName(name.to_string()), trace) {
                         Some(id) => {
+                            sim.requests.github_token_mints += 1;
                             let body = json!({
                                 "runner": {
                                     "id": id, "name": name, "os": "unknown",
@@ -805,6 +833,14 @@ impl GitHubHttp {
         *sim.requests
             .github_primary_by_repo
             .entry(billing.repo.to_string())
+            .or_default() += 1;
+        *sim.requests
+            .github_primary_by_kind
+            .entry(route.kind())
+            .or_default() += 1;
+        *sim.requests
+            .github_primary_by_owner
+            .entry(billing.holder.clone())
             .or_default() += 1;
         if window.used * 4 > BUDGET_LIMIT * 3 {
             sim.faults
@@ -1179,14 +1215,42 @@ impl tower::Service<http::Request<OctoBody>> for GitHubHttp {
             .and_then(Result::ok)
             .map(|collected| collected.to_bytes())
             .unwrap_or_default();
+        // In flight from here until the client takes the answer or gives up waiting (a
+        // hanging request counts until its timeout drops it).
+        let entered = InFlight::enter(&self.state);
         match self.serve(&parts, &body) {
-            Served::Answer(response) => Box::pin(futures::future::ready(Ok(response))),
-            Served::Reset => Box::pin(futures::future::ready(Err(io::Error::new(
-                io::ErrorKind::ConnectionReset,
-                "connection reset by peer",
-            )))),
-            Served::Hang => Box::pin(futures::future::pending()),
+            Served::Answer(response) => Box::pin(async move {
+                drop(entered);
+                Ok(response)
+            }),
+            Served::Reset => Box::pin(async move {
+                drop(entered);
+                Err(io::Error::new(
+                    io::ErrorKind::ConnectionReset,
+                    "connection reset by peer",
+                ))
+            }),
+            Served::Hang => Box::pin(async move {
+                let _entered = entered;
+                futures::future::pending().await
+            }),
         }
+    }
+}
+
+/// One request counted in flight for as long as it lives.
+struct InFlight(Arc<Mutex<HttpState>>);
+
+impl InFlight {
+    fn enter(state: &Arc<Mutex<HttpState>>) -> InFlight {
+        state.lock().unwrap_or_else(|p| p.into_inner()).in_flight += 1;
+        InFlight(state.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).in_flight -= 1;
     }
 }
 

@@ -104,6 +104,10 @@ pub struct Measured {
     pub strategy: Strategy,
     pub queue_to_dispatch_s: Vec<u64>,
     pub queue_to_start_s: Vec<u64>,
+    /// Seconds from cap room to dispatch, and whether the job's webhook arrived.
+    pub dispatch_lag_s: Vec<(u64, Option<bool>)>,
+    /// Host wall time of each of our ticks, in microseconds.
+    pub tick_wall_us: Vec<u64>,
     pub wasted_dispatches: u64,
     pub stranded_jobs: u64,
     pub requests: Requests,
@@ -290,6 +294,8 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
     let m = &mut outcome.measured;
     m.queue_to_dispatch_s = std::mem::take(&mut sim.world.latencies.queue_to_dispatch_s);
     m.queue_to_start_s = std::mem::take(&mut sim.world.latencies.queue_to_start_s);
+    m.dispatch_lag_s = std::mem::take(&mut sim.world.latencies.dispatch_lag_s);
+    m.tick_wall_us = driven.tick_wall_us;
     m.wasted_dispatches = sim.world.wasted_dispatches();
     m.stranded_jobs = sim.world.stranded_jobs();
     m.requests = sim.requests.clone();
@@ -314,6 +320,7 @@ struct Driven {
     violation: Option<Violation>,
     convergence: Option<ConvergenceBound>,
     ticks: u64,
+    tick_wall_us: Vec<u64>,
 }
 
 fn drive(
@@ -342,13 +349,33 @@ fn drive(
         violation: None,
         convergence: None,
         ticks: 0,
+        tick_wall_us: Vec::new(),
     };
+    // Webhook hints the daemon still owes a read: a delivery asks for one at once and again
+    // 2 s and 5 s later (the API can lag the webhook), at most one per repo per 2 s.
+    let mut hint_reads: BTreeMap<u64, std::collections::BTreeSet<crate::model::RepoName>> =
+        BTreeMap::new();
+    let mut last_hint_read: BTreeMap<crate::model::RepoName, u64> = BTreeMap::new();
     let mut converged_since: Option<u64> = None;
     let mut t = 0;
     loop {
         let config = {
             let mut sim = lock(shared);
             sim.advance(t);
+            bench::note_cap_room(&mut sim);
+            // Only ours takes hints; the baselines poll (or listen) as they always did.
+            let arriving = sim.world.webhooks_arriving(t);
+            for repo in arriving
+                .into_iter()
+                .filter(|_| matches!(actor, Actor::Ours(_)))
+            {
+                for later in [0, 2, 5] {
+                    hint_reads
+                        .entry(t + later)
+                        .or_default()
+                        .insert(repo.clone());
+                }
+            }
             consul.step(&mut sim);
             let config = consul.config();
             // A bad edit or an outage must leave the loop on the last good document; before
@@ -376,10 +403,30 @@ fn drive(
                         .record(t, "no document read yet: nothing done");
                 }
             }
-            (Actor::Ours(controller), Some(config)) if poll => {
-                if let Some(violation) =
-                    tick_ours(controller, &runtime, &config, config_version, t, shared)
+            (Actor::Ours(controller), Some(config))
+                if poll || hint_reads.first_key_value().is_some_and(|(at, _)| *at <= t) =>
+            {
+                let now = chrono::DateTime::from_timestamp(EPOCH_UNIX + t as i64, 0)
+                    .expect("simulated time is in range");
+                let due = hint_reads.split_off(&(t + 1));
+                for repo in std::mem::replace(&mut hint_reads, due)
+                    .into_values()
+                    .flatten()
                 {
+                    if last_hint_read.get(&repo).is_none_or(|at| t >= at + 2) {
+                        controller.hint(&repo, now);
+                        last_hint_read.insert(repo, t);
+                    }
+                }
+                if let Some(violation) = tick_ours(
+                    controller,
+                    &runtime,
+                    &config,
+                    config_version,
+                    t,
+                    shared,
+                    &mut driven.tick_wall_us,
+                ) {
                     driven.violation = Some(violation);
                     return driven;
                 }
@@ -454,10 +501,15 @@ fn tick_ours(
     config_version: u64,
     t: u64,
     shared: &Shared,
+    tick_wall_us: &mut Vec<u64>,
 ) -> Option<Violation> {
     let now = chrono::DateTime::from_timestamp(EPOCH_UNIX + t as i64, 0)
         .expect("simulated time is in range");
+    // Host time of the tick alone (the services it calls are in memory, so this is the
+    // daemon's own work plus the simulated services'), reported, never asserted.
+    let started = Instant::now();
     let view = runtime.block_on(controller.tick(config, config_version, now, false));
+    tick_wall_us.push(started.elapsed().as_micros() as u64);
     let json = serde_json::to_string(&view).expect("a tick view serialises");
     let mut sim = lock(shared);
     if json.contains(CANARY) {

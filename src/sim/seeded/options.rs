@@ -143,6 +143,21 @@ pub struct Options {
     pub orphan_grace_s: u64,
     /// `--idle-confirm`.
     pub idle_confirm_s: u64,
+    /// A few busy repos: this share of the runs lands in the first this-many repos, the rest
+    /// anywhere (a fleet of mostly idle repos).
+    pub hot_repos: Option<(usize, f64)>,
+    /// GitHub delivers a `workflow_job` webhook for each job queued in a GitHub repo, and
+    /// the driver passes it to the daemon as a hint.
+    pub webhooks: Option<Webhooks>,
+}
+
+/// How webhooks reach the daemon.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Webhooks {
+    /// The share of deliveries lost on the way.
+    pub lost: f64,
+    /// Delivery delay after the job is queued, in whole seconds (0 = within the second).
+    pub delay_s: (u64, u64),
 }
 
 /// The Forgejo instance of the generated document.
@@ -188,6 +203,8 @@ impl Options {
             // every seed's world as it was.
             orphan_grace_s: 600,
             idle_confirm_s: 120,
+            hot_repos: None,
+            webhooks: None,
         };
         if rng.random_bool(0.3) {
             let start = rng.random_range(60..=options.faults_end_s.max(61));
@@ -286,6 +303,24 @@ fn repos(rng: &mut StdRng) -> Vec<RepoSpec> {
         });
     }
     repos
+}
+
+/// Names of the repos of the scale scenarios, one owner (one installation).
+static FLEET_NAMES: std::sync::LazyLock<Vec<String>> =
+    std::sync::LazyLock::new(|| (0..500).map(|i| format!("fleet/repo-{i:03}")).collect());
+
+/// `count` `app` repos of one owner, one label set each, two runners at most.
+pub fn fleet(count: usize) -> Vec<RepoSpec> {
+    FLEET_NAMES
+        .iter()
+        .take(count)
+        .map(|name| RepoSpec {
+            name: name.as_str(),
+            forge: ForgeKind::GitHub,
+            label_sets: vec![vec!["self-hosted"]],
+            entry: json!({ "maxConcurrent": 2, "mode": "app" }),
+        })
+        .collect()
 }
 
 impl Options {

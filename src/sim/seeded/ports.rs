@@ -123,6 +123,57 @@ pub struct Requests {
     pub github_not_modified: u64,
     /// Every request to Nomad's HTTP API.
     pub nomad: u64,
+    /// Every request that reached GitHub, refused, `304` or billed.
+    pub github_sent: u64,
+    /// Primary-limit requests by what they did (why a repo costs what it costs).
+    pub github_primary_by_kind: BTreeMap<&'static str, u64>,
+    /// Primary-limit requests per budget owner (installation, polling token, the App).
+    pub github_primary_by_owner: BTreeMap<String, u64>,
+    /// Installation tokens, JIT configurations and registration tokens GitHub created.
+    pub github_token_mints: u64,
+    /// The most GitHub requests entered and not yet answered at once.
+    pub github_concurrent_max: u64,
+    /// GitHub's secondary-limit points per owner over a sliding minute.
+    pub secondary: SecondaryPoints,
+}
+
+/// GitHub's secondary limit counts points per owner and minute, whatever the primary limit
+/// says: a `GET`, `HEAD` or `OPTIONS` costs 1 point, a `POST`, `PATCH`, `PUT` or `DELETE` 5
+/// ("Calculating points for the secondary rate limit", REST API rate limits), a `304` as
+/// much as a `200`. Kept per second over the last 60 seconds, so the busiest minute is found
+/// wherever it starts.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SecondaryPoints {
+    /// The most points one owner spent within 60 seconds.
+    pub per_min_max: u64,
+    #[serde(skip)]
+    windows: BTreeMap<String, (std::collections::VecDeque<(u64, u64)>, u64)>,
+}
+
+impl SecondaryPoints {
+    /// Points of one request by `method`.
+    pub fn points(method: &http::Method) -> u64 {
+        match *method {
+            http::Method::GET | http::Method::HEAD | http::Method::OPTIONS => 1,
+            _ => 5,
+        }
+    }
+
+    /// `owner` spent the points of a `method` request at second `t`.
+    pub fn spend(&mut self, owner: &str, method: &http::Method, t: u64) {
+        let points = Self::points(method);
+        let (seconds, sum) = self.windows.entry(owner.to_string()).or_default();
+        while seconds.front().is_some_and(|(at, _)| at + 60 <= t) {
+            let (_, old) = seconds.pop_front().expect("checked");
+            *sum -= old;
+        }
+        match seconds.back_mut() {
+            Some((at, p)) if *at == t => *p += points,
+            _ => seconds.push_back((t, points)),
+        }
+        *sum += points;
+        self.per_min_max = self.per_min_max.max(*sum);
+    }
 }
 
 /// What a faulted call meets, before it is told to the caller: a port error for the
@@ -680,5 +731,38 @@ pub fn services_with(shared: &Shared, conditional_requests: bool) -> Services {
         children: nomad.clone(),
         control: nomad,
         wrapper: None,
+    }
+}
+
+#[cfg(test)]
+mod secondary_tests {
+    use super::SecondaryPoints;
+    use http::Method;
+
+    #[test]
+    fn secondary_points_count_reads_as_one_and_writes_as_five_per_owner_over_a_sliding_minute() {
+        assert_eq!(SecondaryPoints::points(&Method::GET), 1);
+        assert_eq!(SecondaryPoints::points(&Method::HEAD), 1);
+        assert_eq!(SecondaryPoints::points(&Method::POST), 5);
+        assert_eq!(SecondaryPoints::points(&Method::DELETE), 5);
+        let mut points = SecondaryPoints::default();
+        // 10 GETs and a POST at second 30, 10 GETs at second 80: 25 points within 60 s
+        // (30..=80), though neither calendar minute holds more than 15.
+        for _ in 0..10 {
+            points.spend("installation", &Method::GET, 30);
+        }
+        points.spend("installation", &Method::POST, 30);
+        for _ in 0..10 {
+            points.spend("installation", &Method::GET, 80);
+        }
+        assert_eq!(points.per_min_max, 25);
+        // A second later the first second has left the window; another owner has its own.
+        points.spend("installation", &Method::GET, 90);
+        points.spend("the App", &Method::POST, 90);
+        assert_eq!(points.per_min_max, 25);
+        for _ in 0..20 {
+            points.spend("installation", &Method::GET, 91);
+        }
+        assert_eq!(points.per_min_max, 31);
     }
 }

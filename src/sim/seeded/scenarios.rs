@@ -7,7 +7,7 @@ use rand::Rng;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 
-use super::options::{FaultRates, ForeignLoad, Options, Service, outage};
+use super::options::{FaultRates, ForeignLoad, Options, Service, Webhooks, fleet, outage};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Scenario {
@@ -34,6 +34,12 @@ pub enum Scenario {
     RateLimited,
     /// Each seed picks one of the others and randomises within it.
     Mixed,
+    /// 50 `app` repos of one installation and no job for three hours: what polling costs
+    /// when nothing happens.
+    Idle,
+    /// 500 `app` repos of one installation at a 15 s poll, most idle, a few busy, with
+    /// `workflow_job` webhooks delivered as hints for most jobs and lost for some.
+    Fleet500,
 }
 
 impl Scenario {
@@ -49,6 +55,10 @@ impl Scenario {
         Scenario::RateLimited,
     ];
 
+    /// The scale scenarios: not drawn by `mixed` (they would change every mixed seed's world)
+    /// and run by the benchmark beside the named ones.
+    pub const SCALE: [Scenario; 2] = [Scenario::Idle, Scenario::Fleet500];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Scenario::Steady => "steady",
@@ -61,6 +71,8 @@ impl Scenario {
             Scenario::Outages => "outages",
             Scenario::RateLimited => "rate-limited",
             Scenario::Mixed => "mixed",
+            Scenario::Idle => "idle",
+            Scenario::Fleet500 => "fleet-500",
         }
     }
 
@@ -68,6 +80,7 @@ impl Scenario {
         Scenario::NAMED
             .into_iter()
             .chain([Scenario::Mixed])
+            .chain(Scenario::SCALE)
             .find(|s| s.as_str() == name)
     }
 
@@ -76,6 +89,7 @@ impl Scenario {
         Scenario::NAMED
             .iter()
             .chain([Scenario::Mixed].iter())
+            .chain(Scenario::SCALE.iter())
             .map(|s| s.as_str())
             .collect()
     }
@@ -89,6 +103,8 @@ impl Scenario {
         let mut o = Options::baseline(scenario, rng);
         match scenario {
             Scenario::Steady | Scenario::Mixed => {}
+            Scenario::Idle => idle(&mut o),
+            Scenario::Fleet500 => fleet_500(&mut o, rng),
             Scenario::Burst => burst(&mut o, rng),
             Scenario::SameLabelRace => same_label_race(&mut o, rng),
             Scenario::SupersetLabels => superset_labels(&mut o, rng),
@@ -112,6 +128,46 @@ impl fmt::Display for Scenario {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// No work, no fault: only what reading queues costs.
+fn quiet(o: &mut Options, repos: usize, length_s: u64) {
+    o.repos = fleet(repos);
+    o.max_in_flight = None;
+    o.burst_runs = 0;
+    o.runs_per_hour = 0.0;
+    o.stale_jobs = 0;
+    o.cancel_per_s = 0.0;
+    o.rerun_probability = 0.0;
+    o.crash_probability = 0.0;
+    o.arrivals_end_s = length_s;
+    o.faults_end_s = length_s;
+    o.faults = Service::ALL
+        .iter()
+        .map(|s| (*s, FaultRates::default()))
+        .collect();
+    o.outages.clear();
+    o.bad_document = None;
+    o.foreign_load = None;
+}
+
+fn idle(o: &mut Options) {
+    quiet(o, 50, 3 * 3600);
+}
+
+/// One busy hour: nine runs in ten land in ten hot repos, the tenth anywhere (mostly in a
+/// repo read at its idle interval, which only a webhook wakes early).
+fn fleet_500(o: &mut Options, rng: &mut StdRng) {
+    quiet(o, 500, 3600);
+    o.idle_poll_interval_s = 300;
+    o.runs_per_hour = rng.random_range(40.0..80.0);
+    o.jobs_per_run = (1, 3);
+    o.hot_repos = Some((10, 0.9));
+    o.cluster_slots = 40;
+    o.webhooks = Some(Webhooks {
+        lost: rng.random_range(0.05..=0.10),
+        delay_s: (0, 1),
+    });
 }
 
 fn burst(o: &mut Options, rng: &mut StdRng) {

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
-use rand::{Rng, SeedableRng};
+use rand::{Rng, RngCore, SeedableRng};
 
 use super::options::{ForgeKind, Options};
 use super::trace::Trace;
@@ -157,7 +157,12 @@ struct RunTemplate {
 
 /// A new run as a workflow defines it: which repo, its jobs' labels and `needs:`.
 fn draw_run(o: &Options, arrivals: &mut StdRng) -> RunTemplate {
-    let repo = arrivals.random_range(0..o.repos.len());
+    let repo = match o.hot_repos {
+        Some((hot, share)) if arrivals.random_bool(share) => {
+            arrivals.random_range(0..hot.min(o.repos.len()))
+        }
+        _ => arrivals.random_range(0..o.repos.len()),
+    };
     let count = arrivals.random_range(o.jobs_per_run.0..=o.jobs_per_run.1);
     let jobs = (0..count as usize)
         .map(|i| {
@@ -240,14 +245,33 @@ pub struct Latencies {
     pub queue_to_dispatch_s: Vec<u64>,
     /// Queued → a runner took it.
     pub queue_to_start_s: Vec<u64>,
+    /// What the loop adds: from the first second at which a job was queued *and* the caps
+    /// left room for it (see [`World::note_cap_room`]) to the dispatch matched to it, with
+    /// whether its webhook was delivered (`None`: no webhooks in the run). A job a runner
+    /// took before any dispatch was matched to it counts from then to that runner's
+    /// dispatch (0 when the runner was there first).
+    pub dispatch_lag_s: Vec<(u64, Option<bool>)>,
     /// Queued jobs of each bucket not yet matched to a dispatch, oldest first.
     unmatched: BTreeMap<(RepoName, LabelSet), VecDeque<u64>>,
     matched: BTreeSet<u64>,
+    /// When each unmatched job first had cap room.
+    room_since: BTreeMap<u64, u64>,
+    /// Whether each job's webhook was delivered (runs with webhooks only).
+    webhook: BTreeMap<u64, bool>,
 }
 
 impl Latencies {
     fn queued(&mut self, bucket: (RepoName, LabelSet), job: u64) {
         self.unmatched.entry(bucket).or_default().push_back(job);
+    }
+
+    /// `job` was matched to a dispatch made at `dispatched_s`, at `t`.
+    fn lag(&mut self, job: u64, dispatched_s: u64, t: u64) {
+        let room = self.room_since.remove(&job).unwrap_or(t.min(dispatched_s));
+        self.dispatch_lag_s.push((
+            dispatched_s.saturating_sub(room),
+            self.webhook.get(&job).copied(),
+        ));
     }
 
     /// A dispatch for `bucket` at `t` serves its oldest queued job that has none yet.
@@ -263,6 +287,7 @@ impl Latencies {
             self.matched.insert(id);
             self.queue_to_dispatch_s
                 .push(t.saturating_sub(job.queued_at_s.max(0) as u64));
+            self.lag(id, t, t);
             return;
         }
     }
@@ -272,6 +297,7 @@ impl Latencies {
         if self.matched.insert(id) {
             self.queue_to_dispatch_s
                 .push(runner_submitted_s.saturating_sub(queued));
+            self.lag(id, runner_submitted_s, t);
         }
         self.queue_to_start_s.push(t.saturating_sub(queued));
     }
@@ -300,6 +326,10 @@ pub struct World {
     pub last_stop_s: BTreeMap<RepoName, u64>,
     /// Draws the runs that arrive (see [`World::advance`]).
     arrivals: StdRng,
+    /// Draws which webhooks are lost and how late the others arrive.
+    webhook_rng: StdRng,
+    /// Webhooks on their way: when each arrives, for which repo.
+    webhooks_due: BTreeMap<u64, Vec<RepoName>>,
 }
 
 /// Unix time of simulated second 0 (a Monday morning), the base of child ids.
@@ -327,11 +357,16 @@ impl World {
             crash_streaks: BTreeMap::new(),
             last_stop_s: BTreeMap::new(),
             arrivals: StdRng::seed_from_u64(0),
+            webhook_rng: StdRng::seed_from_u64(0),
+            webhooks_due: BTreeMap::new(),
         }
     }
 
     /// Draws arrivals from `arrivals` (a stream of the run's seed) instead of a fixed one.
     pub fn with_arrivals(mut self, arrivals: StdRng) -> World {
+        // Webhooks draw from a stream of their own (drawn from a copy, so the arrivals are
+        // the same whether the run has webhooks or not).
+        self.webhook_rng = StdRng::seed_from_u64(arrivals.clone().next_u64() ^ 0x776562686f6f6b);
         self.arrivals = arrivals;
         self
     }
@@ -486,8 +521,58 @@ impl World {
         job.queued_at_s = t as i64;
         self.counts.jobs += 1;
         let bucket = (job.repo.clone(), job.labels.clone());
+        if let Some(webhooks) = o.webhooks
+            && job.forge == ForgeKind::GitHub
+        {
+            let delivered = !self.webhook_rng.random_bool(webhooks.lost);
+            self.latencies.webhook.insert(id, delivered);
+            if delivered {
+                let at = t + self
+                    .webhook_rng
+                    .random_range(webhooks.delay_s.0..=webhooks.delay_s.1);
+                self.webhooks_due
+                    .entry(at)
+                    .or_default()
+                    .push(bucket.0.clone());
+            }
+        }
         self.latencies.queued(bucket, id);
         self.show(id, t, Visible::Queued, o, rng);
+    }
+
+    /// The repos whose `workflow_job` webhooks arrive by `t`, once each delivery.
+    pub fn webhooks_arriving(&mut self, t: u64) -> Vec<RepoName> {
+        let later = self.webhooks_due.split_off(&(t + 1));
+        std::mem::replace(&mut self.webhooks_due, later)
+            .into_values()
+            .flatten()
+            .collect()
+    }
+
+    /// Stamps each queued job the caps leave room for with the first second they did, for
+    /// the dispatch lag. Jobs not yet matched to a dispatch are taken oldest first, as the
+    /// planner serves them, and each takes a unit of room under every cap it counts against
+    /// (`has_room` says whether one is left, and takes it): so of three jobs under a cap with
+    /// room for one, only the oldest is stamped, and buckets that share a cap share its room.
+    pub fn note_cap_room(&mut self, t: u64, has_room: &mut dyn FnMut(&Job) -> bool) {
+        let mut waiting: Vec<(i64, u64)> = self
+            .latencies
+            .unmatched
+            .values()
+            .flatten()
+            .filter(|id| !self.latencies.matched.contains(id))
+            .filter_map(|id| {
+                let job = self.jobs.get(id)?;
+                (job.truth == Truth::Queued).then_some((job.queued_at_s, *id))
+            })
+            .collect();
+        waiting.sort_unstable();
+        waiting.dedup();
+        for (_, id) in waiting {
+            if has_room(&self.jobs[&id]) {
+                self.latencies.room_since.entry(id).or_insert(t);
+            }
+        }
     }
 
     fn cancel(
@@ -1141,4 +1226,55 @@ fn exit(child: &mut SimChild) {
     child.phase = Phase::Exited;
     child.status = ChildStatus::Dead;
     child.placement = Placement::Finished;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::seeded::scenarios::Scenario;
+
+    fn job(repo: &RepoName) -> Job {
+        Job {
+            repo: repo.clone(),
+            forge: ForgeKind::GitHub,
+            labels: LabelSet::from_meta("self-hosted").expect("a label set"),
+            raw_labels: vec!["self-hosted".into()],
+            run: 1,
+            truth: Truth::Gated { after: 0 },
+            queued_at_s: 0,
+            visible: Visible::Hidden,
+            catching_up: None,
+        }
+    }
+
+    #[test]
+    fn dispatch_lag_counts_from_cap_room_not_from_queueing() {
+        let mut rng = StdRng::seed_from_u64(1);
+        let options = Scenario::Steady.options(&mut rng);
+        let mut world = World::new(&options, BTreeMap::new());
+        let repo = RepoName::parse("afreidah/munchbox").expect("a repo name");
+        let bucket = (repo.clone(), job(&repo).labels);
+        for id in [1, 2] {
+            world.jobs.insert(id, job(&repo));
+        }
+        // Both queued at 10; the caps leave room for one until 40.
+        world.set_queued(1, 10, &options, &mut rng);
+        world.set_queued(2, 10, &options, &mut rng);
+        for t in 10..40 {
+            let mut room = 1;
+            world.note_cap_room(t, &mut |_| {
+                room -= 1;
+                room >= 0
+            });
+        }
+        world.latencies.dispatched(&bucket, 13, &world.jobs);
+        for t in 40..45 {
+            world.note_cap_room(t, &mut |_| true);
+        }
+        world.latencies.dispatched(&bucket, 45, &world.jobs);
+        // The oldest had room from 10 and was dispatched at 13; the other waited for the
+        // cap until 40 (that is the cap's doing) and was dispatched 5 s later.
+        assert_eq!(world.latencies.queue_to_dispatch_s, [3, 35]);
+        assert_eq!(world.latencies.dispatch_lag_s, [(3, None), (5, None)]);
+    }
 }
