@@ -393,6 +393,7 @@ async fn daemon(args: DaemonArgs, dry_run: bool) -> ExitCode {
             role,
         };
         crate::serve::spawn(
+            "/metrics, /livez and /healthz",
             listener,
             crate::serve::router(endpoints),
             stopped(stop_rx.clone()),
@@ -412,7 +413,8 @@ async fn daemon(args: DaemonArgs, dry_run: bool) -> ExitCode {
                 metrics.clone(),
                 Arc::new(crate::clock::SystemClock),
             );
-            crate::webhook::spawn(
+            crate::serve::spawn(
+                "webhooks",
                 listener,
                 crate::webhook::router(receiver),
                 stopped(stop_rx.clone()),

@@ -48,6 +48,7 @@ impl Served {
         let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         spawn(
+            "/metrics, /livez and /healthz",
             listener,
             router(Endpoints {
                 metrics: metrics.clone(),

@@ -13,8 +13,9 @@ use chrono::{DateTime, Utc};
 use runner_scaler::clock::Clock;
 use runner_scaler::metrics::Metrics;
 use runner_scaler::model::RepoName;
+use runner_scaler::serve::spawn;
 use runner_scaler::webhook::signature::sign;
-use runner_scaler::webhook::{BODY_MAX, Hints, Receiver, WebhookSecrets, bind, router, spawn};
+use runner_scaler::webhook::{BODY_MAX, Hints, Receiver, WebhookSecrets, bind, router};
 use secrecy::SecretString;
 use support::fixtures::fixture_text;
 use support::twins::{config, repo};
@@ -62,7 +63,12 @@ async fn serve_with(secrets: WebhookSecrets) -> Served {
     let receiver = Receiver::new(secrets, hints.clone(), metrics.clone(), clock);
     let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    spawn(listener, router(receiver), std::future::pending());
+    spawn(
+        "webhooks",
+        listener,
+        router(receiver),
+        std::future::pending(),
+    );
     Served {
         base,
         hints,

@@ -103,8 +103,10 @@ pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, String> {
         .map_err(|e| format!("listen on {addr} (--listen, RUNNER_SCALER_LISTEN): {e}"))
 }
 
-/// Serves `router` on `listener` until `shutdown` completes.
+/// Serves `router` on `listener` until `shutdown` completes; `what` names it in an error
+/// (`/metrics, /livez and /healthz`, `webhooks`).
 pub fn spawn(
+    what: &'static str,
     listener: tokio::net::TcpListener,
     router: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -114,7 +116,7 @@ pub fn spawn(
             .with_graceful_shutdown(shutdown)
             .await
         {
-            tracing::error!("serve /metrics, /livez and /healthz: {e}");
+            tracing::error!("serve {what}: {e}");
         }
     })
 }

@@ -16,7 +16,7 @@ pub mod receiver;
 pub mod signature;
 
 pub use hints::{Hints, Offered, WebhookForge};
-pub use receiver::{BODY_MAX, Receiver, bind, router, spawn};
+pub use receiver::{BODY_MAX, Receiver, bind, router};
 
 use secrecy::SecretString;
 

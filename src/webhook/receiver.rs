@@ -296,19 +296,3 @@ pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, String> {
         )
     })
 }
-
-/// Serves `router` on `listener` until `shutdown` completes.
-pub fn spawn(
-    listener: tokio::net::TcpListener,
-    router: Router,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router)
-            .with_graceful_shutdown(shutdown)
-            .await
-        {
-            tracing::error!("serve webhooks: {e}");
-        }
-    })
-}
