@@ -566,11 +566,27 @@ impl Controller {
             .buffer_unordered(self.settings.list_concurrency_max)
             .collect::<Vec<_>>();
 
+        for forge in [&self.services.github, &self.services.forgejo]
+            .into_iter()
+            .flatten()
+        {
+            let served: Vec<&crate::config::RepoConfig> = config
+                .repos
+                .values()
+                .filter(|r| {
+                    self.services
+                        .forge(&r.mode)
+                        .is_some_and(|f| Arc::ptr_eq(&f.queue, &forge.queue))
+                })
+                .collect();
+            forge.queue.serving(&served);
+        }
         // Repos whose queue is backing off are not asked this tick, nor are those that the
         // poll schedule does not find due: they keep their last reading.
         let mut to_ask = Vec::new();
         let intervals = self.poll_intervals();
         let mut stretched = BTreeMap::new();
+        let mut first_reads_left = polls::first_reads_per_tick(config.repos.len(), intervals);
         for repo in config.repos.values() {
             let scope = Scope::Queue(repo.repo.clone());
             // A budget running low stretches the intervals of every repo that shares it.
@@ -596,6 +612,22 @@ impl Controller {
                     .insert(repo.repo.clone(), Ok(reading.clone()));
                 snapshot.unpolled.insert(repo.repo.clone(), read_at);
                 continue;
+            }
+            if self.memory.polls.first_read_pending(&repo.repo) {
+                if first_reads_left == 0 {
+                    snapshot.repos.insert(
+                        repo.repo.clone(),
+                        Err(Gap {
+                            class: ErrorClass::RateLimited,
+                            message: format!(
+                                "not read yet: first reads are spread over the idle poll interval ({})",
+                                humantime::format_duration(intervals.idle)
+                            ),
+                        }),
+                    );
+                    continue;
+                }
+                first_reads_left -= 1;
             }
             match self.memory.failures.get(&scope) {
                 Some(f) if f.retry_at > now => {
@@ -860,6 +892,12 @@ impl Controller {
     /// A webhook said something happened in `repo`: its queue is read at the next tick.
     pub fn hint(&mut self, repo: &RepoName, now: DateTime<Utc>) {
         self.memory.polls.hint(repo, now);
+        for forge in [&self.services.github, &self.services.forgejo]
+            .into_iter()
+            .flatten()
+        {
+            forge.queue.hinted(repo);
+        }
     }
 
     fn succeeded(&mut self, scope: &Scope) {

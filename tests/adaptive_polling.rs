@@ -13,7 +13,7 @@ fn at(t0: DateTime<Utc>, n: i64) -> DateTime<Utc> {
     t0 + Duration::seconds(15 * n)
 }
 
-/// The listings of `repo`'s queued runs GitHub answered so far: one per read of its queue.
+/// The full reads of `repo`'s queue GitHub answered so far: its listings of queued runs.
 fn reads_of(twins: &Twins, repo: &RepoName) -> usize {
     let runs = format!("/repos/{repo}/actions/runs?");
     twins
@@ -21,6 +21,17 @@ fn reads_of(twins: &Twins, repo: &RepoName) -> usize {
         .request_log()
         .iter()
         .filter(|r| r.path.starts_with(&runs) && r.path.contains("status=queued"))
+        .count()
+}
+
+/// The quick reads of `repo`'s queue: one listing of its newest runs, whatever their status.
+fn quick_reads_of(twins: &Twins, repo: &RepoName) -> usize {
+    let runs = format!("/repos/{repo}/actions/runs?");
+    twins
+        .github
+        .request_log()
+        .iter()
+        .filter(|r| r.path.starts_with(&runs) && !r.path.contains("status="))
         .count()
 }
 
@@ -44,9 +55,13 @@ async fn a_busy_repo_is_read_every_tick_and_an_idle_one_once_a_minute() {
         let view = ctl.tick(&config, 1, at(t0, n), false).await;
         assert!(view.gaps.is_empty(), "tick {n}: {:?}", view.gaps);
     }
-    // Nine ticks over two minutes: the busy repo nine reads, the idle one at 0 s, 60 s, 120 s.
+    // Nine ticks over two minutes: the busy repo nine full reads (after a quick first read
+    // that found its run active), the idle one a quick read at 0 s, 60 s and 120 s: one
+    // request each, never the five listings of a full read.
     assert_eq!(reads_of(&twins, &api), 9, "busy repo");
-    assert_eq!(reads_of(&twins, &web), 3, "idle repo");
+    assert_eq!(quick_reads_of(&twins, &api), 1, "busy repo");
+    assert_eq!(quick_reads_of(&twins, &web), 3, "idle repo");
+    assert_eq!(reads_of(&twins, &web), 0, "idle repo");
 }
 
 #[tokio::test]
@@ -139,7 +154,7 @@ async fn a_budget_running_low_stretches_its_repos_reads_and_says_so() {
     let config = config(DOCUMENT);
     twins.github.add_run(&api, vec![vec!["self-hosted"]]);
     // The installation's hour is almost spent by the first tick's reads and mint.
-    twins.github.set_budget_limit(16);
+    twins.github.set_budget_limit(13);
     let mut ctl = twins.controller();
     let t0 = Utc::now();
 
@@ -163,4 +178,54 @@ async fn a_budget_running_low_stretches_its_repos_reads_and_says_so() {
     }
     // Busy as it is, acme/api was read once, not six times: the budget lasts to its reset.
     assert_eq!(reads_of(&twins, &api), 1);
+}
+
+/// After a start, a fleet's first reads are spread over one idle interval (here 40 repos,
+/// 16 a tick at the least): a repo not read yet shows as such and gets nothing dispatched;
+/// a webhook hint reads its repo at once all the same.
+#[tokio::test]
+async fn first_reads_are_spread_and_a_hint_jumps_the_line() {
+    let twins = Twins::start().await;
+    twins.register_token_parent("ci-runner");
+    let names: Vec<String> = (0..40).map(|i| format!("acme/r{i:02}")).collect();
+    let repos: Vec<RepoName> = names.iter().map(|n| twins.add_app_repo(n)).collect();
+    let document = format!(
+        "{{ {} }}",
+        names
+            .iter()
+            .map(|n| format!(r#""{n}": {{ "mode": "app", "maxConcurrent": 1 }}"#))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let config = config(&document);
+    // The last repo by name has a job queued, and a webhook says so.
+    let last = repos.last().unwrap();
+    twins.github.add_run(last, vec![vec!["self-hosted"]]);
+    let mut ctl = twins.controller();
+    let t0 = Utc::now();
+    ctl.hint(last, t0);
+
+    let first = ctl.tick(&config, 1, at(t0, 0), false).await;
+    let read: Vec<usize> = repos.iter().map(|r| quick_reads_of(&twins, r)).collect();
+    assert_eq!(read.iter().sum::<usize>(), 16, "16 first reads, quick");
+    assert_eq!(
+        reads_of(&twins, last),
+        1,
+        "the hinted repo was read, in full"
+    );
+    assert_eq!(first.started, 1, "and dispatched for");
+    let waiting = first
+        .gaps
+        .iter()
+        .filter(|g| g.contains("not read yet"))
+        .count();
+    assert_eq!(waiting, 23, "{:?}", first.gaps);
+
+    ctl.tick(&config, 1, at(t0, 1), false).await;
+    let third = ctl.tick(&config, 1, at(t0, 2), false).await;
+    for repo in &repos[..39] {
+        let reads = quick_reads_of(&twins, repo);
+        assert_eq!(reads, 1, "{repo} read once within three ticks");
+    }
+    assert!(third.gaps.is_empty(), "{:?}", third.gaps);
 }

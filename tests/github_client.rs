@@ -119,19 +119,24 @@ const LIST_JOBS: &str = "GET /repos/{owner}/{repo}/actions/runs/{run_id}/jobs";
 const ACCESS_TOKENS: &str = "POST /app/installations/{installation_id}/access_tokens";
 const REPO_INSTALLATION: &str = "GET /repos/{owner}/{repo}/installation";
 
+/// Reads share one token per installation, naming the configured repos of its owner with
+/// `actions: read` and `administration: read`; whatever writes (registration tokens, JIT
+/// configs, runner deletions) carries a token of exactly its one repo with `administration:
+/// write`.
 #[tokio::test]
-async fn every_token_names_one_repo_and_one_permission() {
+async fn reads_share_one_token_per_installation_and_writes_name_one_repo() {
     let w = world().await;
     w.twin.install_app("acme");
-    for name in ["acme/api", "acme/web"] {
-        w.twin.add_run(&repo_name(name), vec![vec!["self-hosted"]]);
+    let (api, web) = (app_repo("acme/api"), app_repo("acme/web"));
+    w.client.serving(&[&api, &web]);
+    for repo in [&api, &web] {
+        w.twin.add_run(&repo.repo, vec![vec!["self-hosted"]]);
     }
-    for name in ["acme/api", "acme/web"] {
-        let repo = app_repo(name);
-        assert_eq!(w.client.list_jobs(&repo).await.unwrap().jobs.len(), 1);
+    for repo in [&api, &web] {
+        assert_eq!(w.client.list_jobs(repo).await.unwrap().jobs.len(), 1);
         let token = w
             .client
-            .mint(&repo, support::TestRunner::any().identity())
+            .mint(repo, support::TestRunner::any().identity())
             .await
             .unwrap()
             .expect("app mode mints");
@@ -139,51 +144,76 @@ async fn every_token_names_one_repo_and_one_permission() {
     }
 
     let requests = w.twin.token_requests();
-    let asked: BTreeSet<String> = requests
+    let asked: Vec<String> = requests
         .iter()
         .map(|r| {
             assert_eq!(r.status, 201);
-            let repos = r.body["repositories"].as_array().unwrap();
-            let permissions = r.body["permissions"].as_object().unwrap();
-            assert_eq!(repos.len(), 1, "{}", r.body);
-            assert_eq!(permissions.len(), 1, "{}", r.body);
             assert_eq!(r.body.as_object().unwrap().len(), 2, "{}", r.body);
             r.body.to_string()
         })
         .collect();
-    let expected: BTreeSet<String> = [
-        json!({"repositories": ["api"], "permissions": {"actions": "read"}}),
+    let expected: Vec<String> = [
+        json!({"repositories": ["api", "web"], "permissions": {"actions": "read", "administration": "read"}}),
         json!({"repositories": ["api"], "permissions": {"administration": "write"}}),
-        json!({"repositories": ["web"], "permissions": {"actions": "read"}}),
         json!({"repositories": ["web"], "permissions": {"administration": "write"}}),
     ]
     .iter()
     .map(|v| v.to_string())
     .collect();
-    assert_eq!(asked, expected);
+    assert_eq!(
+        asked, expected,
+        "one read token for both repos, then one write token each"
+    );
 
-    // Each call was made with a token of exactly its repo and its permission.
     for entry in w.twin.request_log() {
         let Some(grant) = &entry.grant else { continue };
         let repo = entry.path.split('/').nth(3).unwrap().to_string();
-        let repo = if entry.path.starts_with("/repositories/") {
-            grant.repositories.as_ref().unwrap()[0].clone()
+        let writes = entry.endpoint.contains("registration-token")
+            || entry.endpoint.contains("generate-jitconfig");
+        let (repositories, permissions): (Vec<String>, &[(&str, &str)]) = if writes {
+            (vec![repo], &[("administration", "write")])
         } else {
-            repo
+            (
+                vec!["api".into(), "web".into()],
+                &[("actions", "read"), ("administration", "read")],
+            )
         };
-        assert_eq!(grant.repositories, Some(vec![repo]), "{entry:?}");
-        let wanted = if entry.endpoint.contains("registration-token")
-            || entry.endpoint.contains("generate-jitconfig")
-        {
-            ("administration", "write")
-        } else {
-            ("actions", "read")
-        };
-        let expected: BTreeMap<String, String> =
-            [(wanted.0.to_string(), wanted.1.to_string())].into();
-        assert_eq!(grant.permissions, expected, "{entry:?}");
+        assert_eq!(grant.repositories, Some(repositories), "{entry:?}");
+        let permissions: BTreeMap<String, String> = permissions
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(grant.permissions, permissions, "{entry:?}");
         assert_eq!(entry.status / 100, 2, "{entry:?}");
     }
+}
+
+/// A repo the App is not installed on must not stop the reads of its owner's other repos:
+/// GitHub refuses a shared token naming it (422), and each repo is then read with a token of
+/// its own.
+#[tokio::test]
+async fn a_refused_shared_read_token_falls_back_to_one_token_per_repo() {
+    let w = world().await;
+    w.twin.install_app("acme");
+    let (api, gone) = (app_repo("acme/api"), app_repo("acme/gone"));
+    w.twin.add_run(&api.repo, vec![vec!["self-hosted"]]);
+    // acme/gone is in the document but not a repo the installation can reach.
+    w.client.serving(&[&api, &gone]);
+    assert_eq!(w.client.list_jobs(&api).await.unwrap().jobs.len(), 1);
+    let asked: Vec<(u16, serde_json::Value)> = w
+        .twin
+        .token_requests()
+        .into_iter()
+        .map(|r| (r.status, r.body["repositories"].clone()))
+        .collect();
+    assert_eq!(
+        asked,
+        [(422, json!(["api", "gone"])), (201, json!(["api"]))],
+        "{asked:?}"
+    );
+    // The group is not asked for again while it is the same.
+    assert_eq!(w.client.list_jobs(&api).await.unwrap().jobs.len(), 1);
+    assert_eq!(w.twin.token_requests().len(), 2);
 }
 
 #[tokio::test]
@@ -244,7 +274,7 @@ async fn the_twin_refuses_a_token_without_the_permission_as_forbidden() {
     assert_eq!(e.class, ErrorClass::Forbidden, "{e}");
     assert!(
         e.message
-            .starts_with("list queued runs of acme/api: 403 Forbidden"),
+            .starts_with("list the newest runs of acme/api: 403 Forbidden"),
         "{e}"
     );
     assert!(e.message.contains("actions=read"), "{e}");
@@ -276,8 +306,9 @@ async fn listing_follows_every_page_of_runs_and_jobs() {
     assert!(big.job_ids.iter().all(|id| ids.contains(id)));
     assert_eq!(
         count(&w.twin, LIST_RUNS),
-        6,
-        "2 pages of queued runs, 1 of in-progress, 1 each of waiting, pending, requested"
+        7,
+        "1 page of the newest runs (the first read, quick, found them active), then 2 pages \
+         of queued runs, 1 of in-progress, 1 each of waiting, pending, requested"
     );
     assert_eq!(count(&w.twin, LIST_JOBS), 130 + 2);
     let followed: Vec<String> = w
@@ -637,4 +668,89 @@ async fn unchanged_listings_are_answered_304_and_not_charged() {
             .iter()
             .any(|j| matches!(j.state, JobState::InProgress { .. }))
     );
+}
+
+/// The runs listings GitHub answered so far: (with a `status` filter, without one).
+fn run_listings(twin: &GitHubTwin) -> (Vec<String>, Vec<u16>) {
+    let mut by_status = Vec::new();
+    let mut quick = Vec::new();
+    for entry in twin.request_log() {
+        if entry.endpoint != LIST_RUNS {
+            continue;
+        }
+        let query = entry.path.split_once('?').map_or("", |(_, q)| q);
+        match query.split('&').find_map(|kv| kv.strip_prefix("status=")) {
+            Some(status) => by_status.push(status.to_string()),
+            None => quick.push(entry.status),
+        }
+    }
+    (by_status, quick)
+}
+
+/// A repo with no active run is read with one conditional request (its newest runs) until
+/// one of them is active; then in full, by status, while it is busy. A webhook hint reads it
+/// in full at once, and once an hour its `queued` and `in_progress` runs are listed anyway
+/// (a run re-run from further back than the newest page).
+#[tokio::test]
+async fn an_idle_repo_is_read_with_one_request_until_a_run_appears() {
+    let World {
+        twin,
+        _server,
+        client,
+        ..
+    } = world().await;
+    let clock = twin.clone();
+    let client = client.with_clock(Arc::new(move || clock.now()));
+    twin.install_app("acme");
+    let repo = app_repo("acme/api");
+    // An old run, completed.
+    let old = twin.add_run(&repo.repo, vec![vec!["self-hosted"]]);
+    twin.start_job(&repo.repo, old.job_ids[0], "ci-runner-aaaaaaaaaaaa")
+        .unwrap();
+    twin.complete_job(&repo.repo, old.job_ids[0], "success")
+        .unwrap();
+
+    // Quiet: one listing of the newest runs, then the same answered 304.
+    for _ in 0..2 {
+        assert!(client.list_jobs(&repo).await.unwrap().jobs.is_empty());
+    }
+    assert_eq!(run_listings(&twin), (vec![], vec![200, 304]));
+
+    // A push: the newest page changes, shows an active run, and the repo is read in full.
+    let run = twin.add_run(&repo.repo, vec![vec!["self-hosted"]]);
+    assert_eq!(client.list_jobs(&repo).await.unwrap().jobs.len(), 1);
+    let (by_status, quick) = run_listings(&twin);
+    assert_eq!(quick, [200, 304, 200]);
+    assert_eq!(
+        by_status,
+        ["queued", "in_progress", "waiting", "pending", "requested"]
+    );
+    // Busy: in full again, without the quick listing first.
+    assert_eq!(client.list_jobs(&repo).await.unwrap().jobs.len(), 1);
+    assert_eq!(run_listings(&twin).0.len(), 10);
+    assert_eq!(run_listings(&twin).1.len(), 3);
+
+    // Done: the full read finds nothing and the repo is quiet again.
+    twin.start_job(&repo.repo, run.job_ids[0], "ci-runner-bbbbbbbbbbbb")
+        .unwrap();
+    twin.complete_job(&repo.repo, run.job_ids[0], "success")
+        .unwrap();
+    assert!(client.list_jobs(&repo).await.unwrap().jobs.is_empty());
+    assert!(client.list_jobs(&repo).await.unwrap().jobs.is_empty());
+    let (by_status, quick) = run_listings(&twin);
+    assert_eq!((by_status.len(), quick.len()), (15, 4));
+
+    // An hour on: the deep read lists queued and in-progress runs only.
+    twin.advance_clock(chrono::Duration::minutes(61));
+    assert!(client.list_jobs(&repo).await.unwrap().jobs.is_empty());
+    let (by_status, quick) = run_listings(&twin);
+    assert_eq!(by_status[15..], ["queued", "in_progress"]);
+    assert_eq!(quick.len(), 4);
+
+    // A hint: in full at once, whatever the schedule of quick reads says.
+    client.hinted(&repo.repo);
+    assert!(client.list_jobs(&repo).await.unwrap().jobs.is_empty());
+    let (by_status, quick) = run_listings(&twin);
+    assert_eq!(by_status.len(), 22);
+    assert_eq!(quick.len(), 4);
 }

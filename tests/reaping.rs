@@ -480,3 +480,37 @@ async fn a_child_unplaced_past_the_placement_timeout_is_replaced() {
     assert_eq!(view.started, 1, "{view:#?}");
     assert_eq!(world.dispatch_count(), 2);
 }
+
+/// Registrations are swept once after a start, at most 8 repos a tick (a fleet's sweeps do
+/// not land in one burst), and every 30 minutes after that only where runners of ours were:
+/// an idle repo costs no listing of its runners.
+#[tokio::test(start_paused = true)]
+async fn registrations_are_swept_once_then_only_where_runners_of_ours_were() {
+    let world = MemoryWorld::new(at(0));
+    let names: Vec<String> = (0..12).map(|i| format!("acme/r{i:02}")).collect();
+    let repos: Vec<(&str, u32)> = names.iter().map(|n| (n.as_str(), 2)).collect();
+    let config = app_config(&repos);
+    let mut ctl = reaping_controller(&world, 15, 600, 120);
+    // acme/r05 gets a job, so a child of ours (never placed here).
+    world.queue_job(&repo("acme/r05"), SH);
+
+    tick(&mut ctl, &world, &config, 0).await;
+    assert_eq!(world.runner_listings().len(), 8, "at most 8 sweeps a tick");
+    tick(&mut ctl, &world, &config, 15).await;
+    let swept: BTreeSet<String> = world
+        .runner_listings()
+        .iter()
+        .map(|r| r.to_string())
+        .collect();
+    assert_eq!(swept, names.iter().cloned().collect(), "each repo once");
+    assert_eq!(world.runner_listings().len(), 12);
+
+    for t in (60..=2_100).step_by(60) {
+        tick(&mut ctl, &world, &config, t).await;
+    }
+    let again: Vec<String> = world.runner_listings()[12..]
+        .iter()
+        .map(|r| r.to_string())
+        .collect();
+    assert_eq!(again, ["acme/r05"], "only the repo with a child of ours");
+}

@@ -217,8 +217,10 @@ async fn an_unknown_registration_is_not_found() {
     assert_eq!(w.twin.runners(&w.repo).len(), 1);
 }
 
+/// Listing runners reads with the installation's shared read token (`administration: read`);
+/// deleting one carries a token of exactly that repo with `administration: write`.
 #[tokio::test]
-async fn registry_calls_carry_a_token_for_that_repo_with_administration() {
+async fn registry_reads_with_the_read_token_and_deletes_with_the_repos_write_token() {
     let w = world().await;
     let id = w
         .twin
@@ -237,10 +239,16 @@ async fn registry_calls_carry_a_token_for_that_repo_with_administration() {
     for call in calls {
         let grant = call.grant.expect("an installation token");
         assert_eq!(grant.repositories, Some(vec!["api".to_string()]));
+        let wanted = if call.endpoint == DELETE_RUNNER {
+            "write"
+        } else {
+            "read"
+        };
         assert_eq!(
             grant.permissions.get("administration").map(String::as_str),
-            Some("write"),
-            "{:?}",
+            Some(wanted),
+            "{} {:?}",
+            call.endpoint,
             grant.permissions
         );
     }

@@ -61,6 +61,17 @@ pub fn budget_stretch(budget: &BudgetReading, now: DateTime<Utc>) -> f64 {
     (projected / affordable).clamp(1.0, BUDGET_STRETCH_MAX)
 }
 
+/// First reads per tick at the least: a fleet of a few dozen repos is read at once.
+pub const FIRST_READS_PER_TICK_MIN: usize = 16;
+
+/// How many never-read repos a tick reads: enough that `repos` are all read within one idle
+/// interval, as idle repos are later. After a start, a fleet of hundreds would otherwise be
+/// read within the first minute, over GitHub's 900 points a minute.
+pub fn first_reads_per_tick(repos: usize, intervals: PollIntervals) -> usize {
+    let ticks = (intervals.idle.as_secs_f64() / intervals.busy.as_secs_f64().max(1e-3)).max(1.0);
+    ((repos as f64 / ticks).ceil() as usize).max(FIRST_READS_PER_TICK_MIN)
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PollIntervals {
     /// Repos with work.
@@ -142,6 +153,13 @@ impl PollSchedule {
         (now < early).then_some(due)
     }
 
+    /// `repo` was never read and no webhook asked for it: its first read may wait its turn.
+    pub fn first_read_pending(&self, repo: &RepoName) -> bool {
+        self.repos
+            .get(repo)
+            .is_none_or(|p| p.read_at.is_none() && !p.asked)
+    }
+
     /// When `repo` was last read, if it was.
     pub fn read_at(&self, repo: &RepoName) -> Option<DateTime<Utc>> {
         self.repos.get(repo).and_then(|p| p.read_at)
@@ -198,6 +216,23 @@ mod tests {
             }
         }
         at
+    }
+
+    #[test]
+    fn first_reads_are_spread_over_one_idle_interval() {
+        let webhooks = PollIntervals {
+            busy: Duration::from_secs(15),
+            idle: Duration::from_secs(300),
+        };
+        // 500 repos at 25 a tick: all read within the 20 ticks of one idle interval.
+        assert_eq!(first_reads_per_tick(500, webhooks), 25);
+        assert_eq!(first_reads_per_tick(500, INTERVALS), 125);
+        assert_eq!(first_reads_per_tick(40, webhooks), FIRST_READS_PER_TICK_MIN);
+        let every_tick = PollIntervals {
+            busy: Duration::from_secs(15),
+            idle: Duration::from_secs(15),
+        };
+        assert_eq!(first_reads_per_tick(500, every_tick), 500);
     }
 
     #[test]

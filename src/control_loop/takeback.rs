@@ -27,8 +27,12 @@ pub const CRASH_BACKOFF_FIRST: Duration = Duration::from_secs(30);
 /// gets at most six dispatches in ten minutes (issue 10).
 pub const CRASH_BACKOFF_MAX: Duration = Duration::from_secs(600);
 /// Offline registrations of our runners are looked for this often per `app` repo even when
-/// no runner is nominated (a runner killed with its allocation leaves one behind).
+/// no runner is nominated (a runner killed with its allocation leaves one behind): once after
+/// a start, then only where children of ours ran or registrations of ours were left.
 pub const STALE_SWEEP_INTERVAL: Duration = Duration::from_secs(30 * 60);
+/// Sweeps per tick at most, oldest first: after a start, a fleet of hundreds of repos is swept
+/// over minutes instead of in one burst against GitHub's per-minute limit.
+pub const SWEEPS_PER_TICK_MAX: usize = 8;
 
 /// The pause before a bucket's next dispatch after `failed_starts` failed starts in a row.
 pub fn crash_delay(failed_starts: u32) -> Duration {
@@ -77,6 +81,9 @@ pub struct TakeBackMemory {
     readings: BTreeMap<ChildId, Reading>,
     /// When each `app` repo's registrations were last swept for stale ones.
     swept_at: BTreeMap<RepoName, DateTime<Utc>>,
+    /// Repos where a sweep may find something: children of ours ran there since the last
+    /// sweep, or it found registrations named like ours.
+    sweep_again: BTreeSet<RepoName>,
     /// The registration id GitHub gave each JIT runner when the daemon minted its config: its
     /// registration is found by this id, whatever else is registered under its name.
     jit_ids: BTreeMap<RunnerName, u64>,
@@ -285,10 +292,11 @@ impl TakeBackMemory {
     }
 
     /// The `app` repos whose registrations this tick reads: those with a nominated runner
-    /// whose allocation runs, and those due a sweep for stale registrations whose queue was
-    /// read this tick (a repo GitHub refuses is not asked once more for a sweep).
+    /// whose allocation runs, and up to [`SWEEPS_PER_TICK_MAX`] due a sweep for stale
+    /// registrations whose queue was read this tick (a repo GitHub refuses is not asked once
+    /// more for a sweep), never swept first, then the longest unswept.
     pub fn repos_to_read(
-        &self,
+        &mut self,
         config: &Config,
         snapshot: &Snapshot,
         plan: &Plan,
@@ -304,20 +312,30 @@ impl TakeBackMemory {
             })
             .filter_map(|n| n.repo.clone())
             .collect();
+        self.sweep_again
+            .extend(snapshot.our_children().filter_map(|c| c.repo));
+        self.sweep_again.retain(|r| config.repos.contains_key(r));
+        self.swept_at.retain(|r, _| config.repos.contains_key(r));
         let read = |repo: &RepoName| matches!(snapshot.repos.get(repo), Some(Ok(_)));
-        for repo in config
+        let mut due: Vec<(Option<DateTime<Utc>>, &RepoName)> = config
             .repos
             .values()
             .filter(|r| matches!(r.mode, Mode::App) && read(&r.repo))
-        {
-            let due = self
-                .swept_at
-                .get(&repo.repo)
-                .is_none_or(|at| (now - *at).to_std().unwrap_or_default() >= STALE_SWEEP_INTERVAL);
-            if due {
-                repos.insert(repo.repo.clone());
-            }
-        }
+            .filter_map(|r| {
+                let swept_at = self.swept_at.get(&r.repo).copied();
+                let due = swept_at.is_none_or(|at| {
+                    self.sweep_again.contains(&r.repo)
+                        && (now - at).to_std().unwrap_or_default() >= STALE_SWEEP_INTERVAL
+                });
+                due.then_some((swept_at, &r.repo))
+            })
+            .collect();
+        due.sort();
+        repos.extend(
+            due.into_iter()
+                .take(SWEEPS_PER_TICK_MAX)
+                .map(|(_, repo)| repo.clone()),
+        );
         repos
     }
 
@@ -442,11 +460,18 @@ impl TakeBackMemory {
                 continue;
             };
             let stems: Vec<String> = config.parents().iter().map(|p| runner_stem(p)).collect();
+            let named_like_ours =
+                |r: &RunnerRegistration| stems.iter().any(|stem| is_runner_of(&r.name, stem));
+            if registered.iter().any(named_like_ours) {
+                self.sweep_again.insert(repo.clone());
+            } else {
+                self.sweep_again.remove(repo);
+            }
             for r in registered {
                 if r.online || r.busy || ours.contains(&r.name) {
                     continue;
                 }
-                if stems.iter().any(|stem| is_runner_of(&r.name, stem)) {
+                if named_like_ours(r) {
                     stale.push(StaleRegistration {
                         repo: repo.clone(),
                         runner_id: r.id,

@@ -89,6 +89,14 @@ pub trait QueueSource: Send + Sync {
     fn budget(&self, _repo: &RepoConfig) -> Option<BudgetReading> {
         None
     }
+
+    /// The repos of this source in the document, told before each tick's reads: a source
+    /// whose credential covers many repos at once mints it for these.
+    fn serving(&self, _repos: &[&RepoConfig]) {}
+
+    /// A webhook said something happened in `repo`: its next read is a full one, never a
+    /// shortcut from an earlier reading.
+    fn hinted(&self, _repo: &RepoName) {}
 }
 
 /// One rate-limit budget as last reported (`x-ratelimit-*`).

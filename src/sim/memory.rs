@@ -59,6 +59,8 @@ struct State {
     registrations: BTreeMap<u64, (RepoName, RunnerRegistration)>,
     /// Registrations deleted, in order.
     deregistered: Vec<u64>,
+    /// Every listing of a repo's registrations, in order.
+    runner_listings: Vec<RepoName>,
     /// The runner listing answers with a transient error until switched back.
     runners_down: bool,
     /// Deletes a registration even while its runner runs a job (GitHub has been seen to).
@@ -159,6 +161,11 @@ impl MemoryWorld {
     }
 
     /// Lets the forge delete a busy runner's registration instead of answering 422.
+    /// The repos whose registrations were listed, in order.
+    pub fn runner_listings(&self) -> Vec<RepoName> {
+        self.state.lock().unwrap().runner_listings.clone()
+    }
+
     pub fn set_deletes_busy_runners(&self, deletes: bool) {
         self.state.lock().unwrap().deletes_busy_runners = deletes;
     }
@@ -480,7 +487,8 @@ impl ChildControl for MemoryWorld {
 #[async_trait]
 impl RunnerRegistry for MemoryWorld {
     async fn list_runners(&self, repo: &RepoConfig) -> Result<Vec<RunnerRegistration>, PortError> {
-        let s = self.state.lock().unwrap();
+        let mut s = self.state.lock().unwrap();
+        s.runner_listings.push(repo.repo.clone());
         if s.forge_down || s.runners_down {
             return Err(down("list runners"));
         }

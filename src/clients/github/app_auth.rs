@@ -1,5 +1,6 @@
 //! GitHub App authentication: the App's JWT, installations per owner, and installation
-//! tokens narrowed to one repo and one permission.
+//! tokens narrowed to what they are for: reading the document's repos of an installation, or
+//! writing to one repo.
 //!
 //! octocrab's own App support is not used: `octocrab::auth::create_jwt` takes only a numeric
 //! App id (GitHub now recommends the client id as `iss`), and its installation tokens cover the
@@ -30,42 +31,49 @@ pub const TOKEN_RENEW_BEFORE: Duration = Duration::minutes(5);
 /// Installations rarely move; looking them up again hourly notices a re-installed App.
 pub const INSTALLATION_TTL: Duration = Duration::hours(1);
 
-/// The one permission an installation token is minted with.
+/// What an installation token is minted for.
+///
+/// Reading is shared: one token with `actions: read` and `administration: read` covers every
+/// configured repo of an installation (up to [`REPOS_PER_TOKEN_MAX`] per token), since the
+/// daemon held all those read grants at once anyway and a token per repo cost an
+/// installation-token mint per repo and hour. Writing stays narrow: a token that can mint
+/// registration tokens or delete runners names one repo.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Permission {
-    /// `actions: read`: list runs and jobs.
-    ActionsRead,
-    /// `administration: write`: mint registration tokens, manage runners.
+    /// `actions: read` and `administration: read`: list runs, jobs and runner registrations.
+    Read,
+    /// `administration: write`: mint registration tokens and JIT configs, delete runners.
     AdministrationWrite,
 }
 
+/// GitHub names at most this many repositories in one installation token.
+pub const REPOS_PER_TOKEN_MAX: usize = 500;
+
 impl Permission {
-    pub fn name(self) -> &'static str {
+    /// The `permissions` object of the token request.
+    pub fn grants(self) -> serde_json::Value {
         match self {
-            Permission::ActionsRead => "actions",
-            Permission::AdministrationWrite => "administration",
+            Permission::Read => serde_json::json!({ "actions": "read", "administration": "read" }),
+            Permission::AdministrationWrite => serde_json::json!({ "administration": "write" }),
         }
     }
 
-    pub fn level(self) -> &'static str {
-        match self {
-            Permission::ActionsRead => "read",
-            Permission::AdministrationWrite => "write",
-        }
-    }
-
-    /// The body of `POST /app/installations/{id}/access_tokens` for one repo.
-    pub fn token_request(self, repo: &RepoName) -> serde_json::Value {
+    /// The body of `POST /app/installations/{id}/access_tokens` for `repos` (names without
+    /// their owner: a token covers repos of one installation, so of one owner).
+    pub fn token_request(self, repos: &[String]) -> serde_json::Value {
         serde_json::json!({
-            "repositories": [repo.name()],
-            "permissions": { self.name(): self.level() },
+            "repositories": repos,
+            "permissions": self.grants(),
         })
     }
 }
 
 impl std::fmt::Display for Permission {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.name(), self.level())
+        match self {
+            Permission::Read => f.write_str("actions: read, administration: read"),
+            Permission::AdministrationWrite => f.write_str("administration: write"),
+        }
     }
 }
 
@@ -160,27 +168,48 @@ pub struct InstallationToken {
     pub token: SecretString,
     pub installation: u64,
     pub expires_at: DateTime<Utc>,
+    /// The repo names it covers, lowercased and sorted.
+    pub repos: Vec<String>,
 }
 
 impl InstallationToken {
     pub fn is_fresh(&self, now: DateTime<Utc>) -> bool {
         now + TOKEN_RENEW_BEFORE < self.expires_at
     }
+
+    /// Fresh at `now` and minted for a set that includes `repo`.
+    pub fn serves(&self, repo: &RepoName, now: DateTime<Utc>) -> bool {
+        self.is_fresh(now)
+            && self
+                .repos
+                .binary_search(&repo.name().to_ascii_lowercase())
+                .is_ok()
+    }
+}
+
+/// Which cached token a call uses.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum TokenKey {
+    /// A token of one repo.
+    Repo(RepoName),
+    /// The shared read token of one owner's installation; `chunk` counts groups of
+    /// [`REPOS_PER_TOKEN_MAX`] repos in name order.
+    Installation { owner: String, chunk: usize },
 }
 
 type Slot = Arc<tokio::sync::Mutex<Option<InstallationToken>>>;
 
-/// Installation tokens per (repo, permission). Each key has its own async lock so that
-/// concurrent calls on one repo mint one token between them, while other repos go on.
+/// Installation tokens per key and permission. Each has its own async lock so that
+/// concurrent calls mint one token between them, while calls needing other tokens go on.
 #[derive(Default)]
 pub struct TokenCache {
-    slots: Mutex<HashMap<(RepoName, Permission), Slot>>,
+    slots: Mutex<HashMap<(TokenKey, Permission), Slot>>,
 }
 
 impl TokenCache {
-    pub fn slot(&self, repo: &RepoName, permission: Permission) -> Slot {
+    pub fn slot(&self, key: TokenKey, permission: Permission) -> Slot {
         let mut slots = self.slots.lock().expect("token cache lock");
-        slots.entry((repo.clone(), permission)).or_default().clone()
+        slots.entry((key, permission)).or_default().clone()
     }
 }
 
@@ -292,15 +321,34 @@ mod tests {
     }
 
     #[test]
-    fn token_requests_name_one_repo_and_one_permission() {
-        let repo = RepoName::parse("Acme/API").unwrap();
+    fn read_tokens_name_many_repos_and_write_tokens_one() {
         assert_eq!(
-            Permission::ActionsRead.token_request(&repo),
-            serde_json::json!({"repositories": ["api"], "permissions": {"actions": "read"}})
+            Permission::Read.token_request(&["api".into(), "web".into()]),
+            serde_json::json!({
+                "repositories": ["api", "web"],
+                "permissions": {"actions": "read", "administration": "read"}
+            })
         );
         assert_eq!(
-            Permission::AdministrationWrite.token_request(&repo),
+            Permission::AdministrationWrite.token_request(&["api".into()]),
             serde_json::json!({"repositories": ["api"], "permissions": {"administration": "write"}})
         );
+    }
+
+    #[test]
+    fn a_token_serves_only_the_repos_it_names_while_fresh() {
+        let now = DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+        let token = InstallationToken {
+            token: SecretString::from("t"),
+            installation: 1,
+            expires_at: now + Duration::hours(1),
+            repos: vec!["api".into(), "web".into()],
+        };
+        assert!(token.serves(&RepoName::parse("acme/API").unwrap(), now));
+        assert!(!token.serves(&RepoName::parse("acme/db").unwrap(), now));
+        assert!(!token.serves(
+            &RepoName::parse("acme/api").unwrap(),
+            now + Duration::minutes(56)
+        ));
     }
 }

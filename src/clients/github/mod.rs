@@ -1,11 +1,13 @@
 //! GitHub: the queue of a repo's self-hosted jobs, and registration tokens, for repos in
 //! `app` and `vault` mode.
 //!
-//! Credentials are as narrow as GitHub allows. In `app` mode every call on a repo carries an
-//! installation token minted for **that one repo and the one permission** the call needs
-//! (`actions: read` to read the queue, `administration: write` to mint registration tokens),
-//! cached until five minutes before it expires. In `vault` mode the polling token is read
-//! from Vault and the daemon mints nothing: the runner job reads its own admin token.
+//! Credentials are as narrow as GitHub allows. In `app` mode a write (a registration token, a
+//! JIT config, a runner deleted) carries an installation token minted for **that one repo**
+//! with `administration: write`; reads (runs, jobs, runner registrations) carry the
+//! installation's shared read token (`actions: read`, `administration: read`) naming the
+//! document's repos of that owner. Tokens are cached until five minutes before they expire.
+//! In `vault` mode the polling token is read from Vault and the daemon mints nothing: the
+//! runner job reads its own admin token.
 //!
 //! # Layout
 //!
@@ -19,7 +21,7 @@ pub mod budget;
 mod transport;
 mod wire;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -38,7 +40,10 @@ use crate::model::{ErrorClass, RATE_LIMIT_WAIT_MAX_S, RepoName, RunnerName};
 use crate::observe::{ForgeJob, JobState, PortError, QueueSource, RepoJobs, RunnerRegistration};
 use crate::secrets::SecretSource;
 
-use app_auth::{AppSigner, InstallationToken, Installations, Permission, TokenCache};
+use app_auth::{
+    AppSigner, InstallationToken, Installations, Permission, REPOS_PER_TOKEN_MAX, TokenCache,
+    TokenKey,
+};
 pub use budget::{Budget, BudgetHolder, RateBudgets};
 pub use transport::SECONDARY_LIMIT_WAIT_S;
 use transport::{Answer, RateHeaders, Target, Transport, classify, malformed};
@@ -58,6 +63,15 @@ pub const RUN_SEARCH_CAP: u64 = 1000;
 /// How long a polling token read from Vault is reused, so that a tick does not read Vault
 /// once per request; a rotation in Vault is picked up within this time (or at once on 401).
 pub const POLLING_TOKEN_TTL: chrono::Duration = chrono::Duration::minutes(5);
+/// A repo whose last read found no run that could hold a queued job is read with one request
+/// (its newest runs, conditionally) until one of them is not completed, and its `queued` and
+/// `in_progress` runs are listed once in this long: a run re-run from further back than the
+/// newest [`PER_PAGE`] is found then (or at once by a webhook hint). Each repo's first such
+/// listing comes at its own offset within the interval, so a fleet's do not bunch up.
+pub const DEEP_READ_INTERVAL: chrono::Duration = chrono::Duration::hours(1);
+/// What a deep read of a quiet repo lists: a re-run run is `queued`, or `in_progress` once a
+/// job of it started. (Runs held at a gate were there before and were seen busy.)
+const DEEP_READ_STATUSES: [&str; 2] = ["queued", "in_progress"];
 /// The Vault field holding a polling token.
 pub const POLLING_TOKEN_FIELD: &str = "token";
 
@@ -176,6 +190,33 @@ struct Conditional {
     body: String,
 }
 
+/// What the last read of a repo's queue found, which decides how the next one reads it.
+#[derive(Clone)]
+enum LastRead {
+    /// Runs that can hold a queued job: read in full.
+    Busy,
+    /// None: read quickly until something moves.
+    Quiet(Quiet),
+}
+
+#[derive(Clone)]
+struct Quiet {
+    /// When a full read last found no run that could hold a queued job (or the first quick
+    /// read found none among the newest runs).
+    deep_read_at: DateTime<Utc>,
+    /// The ETag of the newest-runs page at the last quick read, and whether that page showed
+    /// a run not completed. The body itself is not kept.
+    newest: Option<(String, bool)>,
+}
+
+/// What a quick read found.
+enum QuickRead {
+    /// No run among the newest is active: nothing can be queued there.
+    Quiet,
+    /// A run among the newest is not completed: read in full.
+    Active,
+}
+
 /// The GitHub client: a [`QueueSource`] and a [`Registrar`] for `app` and `vault` repos.
 pub struct GitHub {
     transport: Transport,
@@ -185,6 +226,14 @@ pub struct GitHub {
     polling_tokens: Mutex<HashMap<String, (SecretString, DateTime<Utc>)>>,
     budgets: RateBudgets,
     conditional: Mutex<HashMap<RepoName, HashMap<String, Conditional>>>,
+    /// The configured `app` repo names per owner (lowercased), which shared read tokens name.
+    read_sets: Mutex<HashMap<String, BTreeSet<String>>>,
+    /// Groups of repos GitHub refused a shared read token for, per owner and group.
+    shared_refused: Mutex<HashMap<(String, usize), Vec<String>>>,
+    /// How each repo's queue was found at its last read.
+    last_reads: Mutex<HashMap<RepoName, LastRead>>,
+    /// Repos whose next read is a full one (a webhook hinted at them).
+    hinted: Mutex<HashSet<RepoName>>,
     /// Listings are sent with `If-None-Match` when a body is cached (the default).
     conditional_requests: bool,
     clock: Clock,
@@ -286,6 +335,10 @@ impl GitHub {
             polling_tokens: Mutex::default(),
             budgets: RateBudgets::default(),
             conditional: Mutex::default(),
+            read_sets: Mutex::default(),
+            shared_refused: Mutex::default(),
+            last_reads: Mutex::default(),
+            hinted: Mutex::default(),
             conditional_requests: true,
             clock: Arc::new(Utc::now),
         })
@@ -470,21 +523,30 @@ impl GitHub {
         app: &App,
         installation: u64,
         repo: &RepoName,
+        repos: &[String],
         permission: Permission,
     ) -> Result<InstallationToken, PortError> {
-        let doing = format!(
-            "mint an installation token ({permission}) for {repo} (installation {installation})"
-        );
+        let doing = if repos.len() > 1 {
+            format!(
+                "mint an installation token ({permission}) for {repo} and {} other repos of {} (installation {installation})",
+                repos.len() - 1,
+                repo.owner()
+            )
+        } else {
+            format!(
+                "mint an installation token ({permission}) for {repo} (installation {installation})"
+            )
+        };
         let path = format!("/app/installations/{installation}/access_tokens");
-        let body = permission.token_request(repo);
+        let body = permission.token_request(repos);
         let answer = match self
             .app_call(app, Method::POST, path, Some(&body), &doing)
             .await
         {
             Ok(answer) => answer,
             Err(e) => {
-                if matches!(e.class, ErrorClass::NotFound | ErrorClass::Configuration) {
-                    // Gone, or it no longer covers the repo: look the installation up again.
+                if e.class == ErrorClass::NotFound {
+                    // The installation is gone: look it up again.
                     app.installations.forget(repo.owner());
                 }
                 return Err(e);
@@ -503,12 +565,57 @@ impl GitHub {
                 )
             })?
             .with_timezone(&Utc);
-        debug!(%repo, %permission, installation, %expires_at, "minted installation token");
+        debug!(%repo, repos = repos.len(), %permission, installation, %expires_at, "minted installation token");
+        let mut covered: Vec<String> = repos.iter().map(|r| r.to_ascii_lowercase()).collect();
+        covered.sort_unstable();
+        covered.dedup();
         Ok(InstallationToken {
             token: token.token,
             installation,
             expires_at,
+            repos: covered,
         })
+    }
+
+    /// The repos a shared read token for `repo` names: the configured `app` repos of its
+    /// owner (as last told through [`QueueSource::serving`], plus `repo` itself), in groups
+    /// of [`REPOS_PER_TOKEN_MAX`] by name; and which group. Just `repo` once GitHub refused
+    /// exactly that group (a repo the App is not installed on would otherwise stop every
+    /// read of the owner).
+    fn read_scope(&self, repo: &RepoName) -> (TokenKey, Vec<String>) {
+        let owner = repo.owner().to_ascii_lowercase();
+        let name = repo.name().to_string();
+        let mut names: Vec<String> = self
+            .read_sets
+            .lock()
+            .expect("read sets lock")
+            .get(&owner)
+            .map(|names| names.iter().cloned().collect())
+            .unwrap_or_default();
+        if !names.iter().any(|n| n.eq_ignore_ascii_case(&name)) {
+            names.push(name.clone());
+        }
+        names.sort_unstable_by_key(|n| n.to_ascii_lowercase());
+        let at = names
+            .iter()
+            .position(|n| n.eq_ignore_ascii_case(&name))
+            .expect("pushed above");
+        let chunk = at / REPOS_PER_TOKEN_MAX;
+        let group: Vec<String> = names
+            .into_iter()
+            .skip(chunk * REPOS_PER_TOKEN_MAX)
+            .take(REPOS_PER_TOKEN_MAX)
+            .collect();
+        let refused = self
+            .shared_refused
+            .lock()
+            .expect("refused sets lock")
+            .get(&(owner.clone(), chunk))
+            .is_some_and(|refused| *refused == group);
+        if group.len() == 1 || refused {
+            return (TokenKey::Repo(repo.clone()), vec![name]);
+        }
+        (TokenKey::Installation { owner, chunk }, group)
     }
 
     async fn app_token(
@@ -517,15 +624,42 @@ impl GitHub {
         permission: Permission,
     ) -> Result<Credential, PortError> {
         let app = self.app(repo)?;
-        let slot = app.tokens.slot(repo, permission);
+        let (key, repos) = match permission {
+            Permission::Read => self.read_scope(repo),
+            Permission::AdministrationWrite => {
+                (TokenKey::Repo(repo.clone()), vec![repo.name().to_string()])
+            }
+        };
+        let slot = app.tokens.slot(key.clone(), permission);
         let mut held = slot.lock().await;
-        let token = match held.as_ref().filter(|t| t.is_fresh(self.now())) {
+        let token = match held.as_ref().filter(|t| t.serves(repo, self.now())) {
             Some(token) => token.clone(),
             None => {
                 let installation = self.installation_of(app, repo).await?;
-                let token = self
-                    .mint_installation_token(app, installation, repo, permission)
-                    .await?;
+                let minted = self
+                    .mint_installation_token(app, installation, repo, &repos, permission)
+                    .await;
+                let token = match (minted, &key) {
+                    (Ok(token), _) => token,
+                    // 422: a repo of the group is not one the installation covers. Read this
+                    // one with a token of its own; the group is tried again once it changes.
+                    (Err(e), TokenKey::Installation { owner, chunk })
+                        if e.class == ErrorClass::Configuration =>
+                    {
+                        tracing::warn!(
+                            repo = %repo,
+                            "{}; reading each repo of {owner} with a token of its own until the document changes",
+                            e.message
+                        );
+                        self.shared_refused
+                            .lock()
+                            .expect("refused sets lock")
+                            .insert((owner.clone(), *chunk), repos.clone());
+                        drop(held);
+                        return Box::pin(self.app_token(repo, permission)).await;
+                    }
+                    (Err(e), _) => return Err(e),
+                };
                 *held = Some(token.clone());
                 token
             }
@@ -583,7 +717,11 @@ impl GitHub {
         match &repo.mode {
             Mode::App => {
                 if let Some(app) = &self.app {
-                    let slot = app.tokens.slot(&repo.repo, permission);
+                    let key = match permission {
+                        Permission::Read => self.read_scope(&repo.repo).0,
+                        Permission::AdministrationWrite => TokenKey::Repo(repo.repo.clone()),
+                    };
+                    let slot = app.tokens.slot(key, permission);
                     let mut held = slot.lock().await;
                     if held.as_ref().is_some_and(|t| same(&t.token)) {
                         *held = None;
@@ -848,6 +986,16 @@ fn not_github(repo: &RepoConfig) -> PortError {
     )
 }
 
+/// Where in [`DEEP_READ_INTERVAL`] `repo`'s deep reads fall: fixed per repo (std's
+/// `DefaultHasher::new` has fixed keys), spread over the interval across a fleet.
+fn deep_read_offset(repo: &RepoName) -> chrono::Duration {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    repo.to_string().to_ascii_lowercase().hash(&mut hasher);
+    let span = DEEP_READ_INTERVAL.num_seconds().max(1) as u64;
+    chrono::Duration::seconds((hasher.finish() % span) as i64)
+}
+
 fn parse_time(raw: Option<&str>) -> Option<DateTime<Utc>> {
     DateTime::parse_from_rfc3339(raw?)
         .ok()
@@ -885,13 +1033,6 @@ fn forge_job(job: wire::Job) -> Option<ForgeJob> {
 
 #[async_trait]
 impl QueueSource for GitHub {
-    /// BRIEF step 2: GitHub has no "list queued jobs" call, so walk the runs that can hold a
-    /// queued job, list each run's latest jobs, keep the self-hosted ones, de-duplicate by job
-    /// id. A run is `in_progress` while one of its jobs still waits, and `waiting`,
-    /// `pending` or `requested` while it sits at a gate (an environment's approval, a
-    /// concurrency group) with other jobs already queued. An unchanged listing answers 304,
-    /// which costs no rate limit.
-    #[instrument(level = "debug", skip_all, fields(repo = %repo.repo))]
     fn budget(&self, repo: &RepoConfig) -> Option<crate::observe::BudgetReading> {
         let holder = self.holder_of(repo)?;
         let budget = self
@@ -908,27 +1049,181 @@ impl QueueSource for GitHub {
         })
     }
 
+    fn serving(&self, repos: &[&RepoConfig]) {
+        let mut sets: HashMap<String, BTreeSet<String>> = HashMap::new();
+        for repo in repos.iter().filter(|r| matches!(r.mode, Mode::App)) {
+            sets.entry(repo.repo.owner().to_ascii_lowercase())
+                .or_default()
+                .insert(repo.repo.name().to_string());
+        }
+        *self.read_sets.lock().expect("read sets lock") = sets;
+        let served: HashSet<&RepoName> = repos.iter().map(|r| &r.repo).collect();
+        self.last_reads
+            .lock()
+            .expect("last reads lock")
+            .retain(|repo, _| served.contains(repo));
+    }
+
+    fn hinted(&self, repo: &RepoName) {
+        self.hinted
+            .lock()
+            .expect("hinted repos lock")
+            .insert(repo.clone());
+    }
+
+    /// BRIEF step 2: GitHub has no "list queued jobs" call, so walk the runs that can hold a
+    /// queued job, list each run's latest jobs, keep the self-hosted ones, de-duplicate by job
+    /// id. A run is `in_progress` while one of its jobs still waits, and `waiting`,
+    /// `pending` or `requested` while it sits at a gate (an environment's approval, a
+    /// concurrency group) with other jobs already queued. An unchanged listing answers 304,
+    /// which costs no rate limit.
+    ///
+    /// A repo where that walk found no such run is read with one request instead of five
+    /// (`quick_read`) until one of its newest runs is active, a webhook hints at it, or
+    /// [`FULL_READ_INTERVAL`] has passed: most repos of a fleet are idle most of the time, and
+    /// GitHub's secondary limit counts every request, `304`s included.
+    #[instrument(level = "debug", skip_all, fields(repo = %repo.repo))]
     async fn list_jobs(&self, repo: &RepoConfig) -> Result<RepoJobs, PortError> {
         if !repo.mode.is_github() {
             return Err(not_github(repo));
         }
+        let now = self.now();
+        let hinted = self
+            .hinted
+            .lock()
+            .expect("hinted repos lock")
+            .remove(&repo.repo);
+        let last = self
+            .last_reads
+            .lock()
+            .expect("last reads lock")
+            .get(&repo.repo)
+            .cloned();
+        let statuses: &[&str] = match last {
+            _ if hinted || !self.conditional_requests => &RUN_STATUSES_WITH_QUEUED_JOBS,
+            Some(LastRead::Busy) => &RUN_STATUSES_WITH_QUEUED_JOBS,
+            Some(LastRead::Quiet(quiet)) if now - quiet.deep_read_at >= DEEP_READ_INTERVAL => {
+                &DEEP_READ_STATUSES
+            }
+            // The first read of a repo is quick too: at a restart, hundreds of repos are read
+            // within minutes, at one request each instead of five.
+            Some(LastRead::Quiet(_)) | None => {
+                let quiet = match last {
+                    Some(LastRead::Quiet(quiet)) => Some(quiet),
+                    _ => None,
+                };
+                match self.quick_read(repo, quiet, now).await? {
+                    QuickRead::Quiet => return Ok(RepoJobs::default()),
+                    QuickRead::Active => &RUN_STATUSES_WITH_QUEUED_JOBS,
+                }
+            }
+        };
+        let jobs = self.full_read(repo, statuses).await?;
+        let mut last_reads = self.last_reads.lock().expect("last reads lock");
+        let found = if jobs.1 {
+            // Runs active on the newest page but in no status that can hold a queued job
+            // (`action_required`, say) leave the page unchanged until they move.
+            let newest = match last_reads.remove(&repo.repo) {
+                Some(LastRead::Quiet(quiet)) => quiet.newest.map(|(etag, _)| (etag, false)),
+                _ => None,
+            };
+            LastRead::Quiet(Quiet {
+                deep_read_at: now,
+                newest,
+            })
+        } else {
+            LastRead::Busy
+        };
+        last_reads.insert(repo.repo.clone(), found);
+        Ok(jobs.0)
+    }
+}
+
+impl GitHub {
+    /// `GET …/actions/runs?per_page=100`, conditionally: one request (a `304` when nothing
+    /// changed) that says whether any of the newest runs is still active.
+    async fn quick_read(
+        &self,
+        repo: &RepoConfig,
+        quiet: Option<Quiet>,
+        now: DateTime<Utc>,
+    ) -> Result<QuickRead, PortError> {
+        let doing = format!("list the newest runs of {}", repo.repo);
+        let path = format!(
+            "/repos/{}/{}/actions/runs?per_page={PER_PAGE}",
+            repo.repo.owner(),
+            repo.repo.name()
+        );
+        let known = quiet.as_ref().and_then(|q| q.newest.clone());
+        let answer = self
+            .repo_call(
+                repo,
+                Permission::Read,
+                Method::GET,
+                &Target::Path(path),
+                known
+                    .as_ref()
+                    .map_or(Payload::Nothing, |(etag, _)| Payload::IfNoneMatch(etag)),
+                &doing,
+            )
+            .await?;
+        let (etag, active) = if answer.status == StatusCode::NOT_MODIFIED {
+            crate::metrics::count_conditional_hit();
+            known.ok_or_else(|| {
+                PortError::new(
+                    ErrorClass::Malformed,
+                    format!("{doing}: 304 Not Modified to an unconditional request"),
+                )
+            })?
+        } else {
+            let page: wire::RunsPage =
+                serde_json::from_str(&answer.body).map_err(|e| malformed(&doing, &e))?;
+            let active = page
+                .workflow_runs
+                .iter()
+                .any(|run| run.status.as_deref() != Some("completed"));
+            let etag = answer
+                .headers
+                .get(http::header::ETAG)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string();
+            (etag, active)
+        };
+        let deep_read_at =
+            quiet.map_or_else(|| now - deep_read_offset(&repo.repo), |q| q.deep_read_at);
+        let newest = (!etag.is_empty()).then_some((etag, active));
+        self.last_reads.lock().expect("last reads lock").insert(
+            repo.repo.clone(),
+            LastRead::Quiet(Quiet {
+                deep_read_at,
+                newest,
+            }),
+        );
+        Ok(if active {
+            QuickRead::Active
+        } else {
+            QuickRead::Quiet
+        })
+    }
+
+    /// BRIEF step 2 in full; also says whether no run could hold a queued job.
+    async fn full_read(
+        &self,
+        repo: &RepoConfig,
+        statuses: &[&str],
+    ) -> Result<(RepoJobs, bool), PortError> {
         let (owner, name) = (repo.repo.owner(), repo.repo.name());
         let mut seen = HashMap::new();
         let mut truncated = false;
         let mut runs = Vec::new();
         let mut run_ids = HashSet::new();
-        for status in RUN_STATUSES_WITH_QUEUED_JOBS {
+        for status in statuses {
             let doing = format!("list {status} runs of {}", repo.repo);
             let first =
                 format!("/repos/{owner}/{name}/actions/runs?status={status}&per_page={PER_PAGE}");
             let listing = self
-                .walk::<wire::RunsPage>(
-                    repo,
-                    Permission::ActionsRead,
-                    &first,
-                    &doing,
-                    Some(&mut seen),
-                )
+                .walk::<wire::RunsPage>(repo, Permission::Read, &first, &doing, Some(&mut seen))
                 .await?;
             truncated |= listing.capped || listing.total_count >= RUN_SEARCH_CAP;
             for run in listing.items {
@@ -937,6 +1232,7 @@ impl QueueSource for GitHub {
                 }
             }
         }
+        let no_runs = runs.is_empty();
         let mut jobs = Vec::new();
         let mut job_ids = HashSet::new();
         for run in runs {
@@ -945,13 +1241,7 @@ impl QueueSource for GitHub {
                 "/repos/{owner}/{name}/actions/runs/{run}/jobs?filter=latest&per_page={PER_PAGE}"
             );
             let listing = match self
-                .walk::<wire::JobsPage>(
-                    repo,
-                    Permission::ActionsRead,
-                    &first,
-                    &doing,
-                    Some(&mut seen),
-                )
+                .walk::<wire::JobsPage>(repo, Permission::Read, &first, &doing, Some(&mut seen))
                 .await
             {
                 Ok(listing) => listing,
@@ -974,7 +1264,7 @@ impl QueueSource for GitHub {
             .lock()
             .expect("conditional cache lock")
             .insert(repo.repo.clone(), seen);
-        Ok(RepoJobs { jobs, truncated })
+        Ok((RepoJobs { jobs, truncated }, no_runs))
     }
 }
 
@@ -1034,11 +1324,10 @@ impl RunnerRegistry for GitHub {
         let doing = format!("list runners of {}", repo.repo);
         let first = format!("{}?per_page={PER_PAGE}", runners_path(repo)?);
         // Read when a runner is about to be taken back (and in a slow sweep for stale
-        // registrations): no conditional cache, so the answer is always today's. The token is
-        // the repo's `administration: write` one that also mints and deletes: listing needs
-        // only read, but one cached token per repo costs fewer mints than two.
+        // registrations): no conditional cache, so the answer is always today's. Listing needs
+        // only `administration: read`, which the installation's shared read token carries.
         let listing = self
-            .walk::<wire::RunnersPage>(repo, Permission::AdministrationWrite, &first, &doing, None)
+            .walk::<wire::RunnersPage>(repo, Permission::Read, &first, &doing, None)
             .await?;
         if listing.capped {
             return Err(PortError::new(

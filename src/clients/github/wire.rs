@@ -14,6 +14,9 @@ pub struct RunsPage {
 #[derive(Deserialize)]
 pub struct Run {
     pub id: u64,
+    /// `completed` once the run is over; nullable in the schema.
+    #[serde(default)]
+    pub status: Option<String>,
 }
 
 /// `GET /repos/{owner}/{repo}/actions/runs/{run_id}/jobs` → 200.

@@ -17,7 +17,7 @@
 //! run's `repository` and `head_repository` keep only their identifying fields (see
 //! [`minimal_repository`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -214,17 +214,25 @@ impl Window {
 /// What an installation token was minted for.
 #[derive(Clone, Debug)]
 struct Grant {
-    repo: RepoName,
-    permission: String,
-    level: String,
+    repos: BTreeSet<RepoName>,
+    permissions: BTreeMap<String, String>,
     expires_s: u64,
 }
 
 impl Grant {
     fn allows(&self, permission: &str, level: &str) -> bool {
-        self.permission == permission && (self.level == "write" || level == "read")
+        self.permissions
+            .get(permission)
+            .is_some_and(|held| held == "write" || level == "read")
     }
 }
+
+/// What the App's installation may grant, as `installation_json` shows it.
+const INSTALLATION_PERMISSIONS: [(&str, &str); 3] = [
+    ("actions", "read"),
+    ("administration", "write"),
+    ("metadata", "read"),
+];
 
 #[derive(Default)]
 struct HttpState {
@@ -503,42 +511,58 @@ impl GitHubHttp {
                     return Served::Answer(Reply::not_found().into_response());
                 };
                 let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-                let name = request["repositories"][0].as_str().unwrap_or_default();
-                let permissions = request["permissions"].as_object();
-                let Some(repo) = RepoName::parse(&format!("{owner}/{name}"))
-                    .filter(|r| sim.config.repos.contains_key(r))
-                else {
-                    return Served::Answer(
-                        Reply::error(
-                            StatusCode::UNPROCESSABLE_ENTITY,
-                            "There is at least one repository that does not exist or is not accessible to the parent installation.",
-                            DOCS_TOKEN,
-                        )
-                        .into_response(),
+                let refuse = |message: &str| {
+                    Served::Answer(
+                        Reply::error(StatusCode::UNPROCESSABLE_ENTITY, message, DOCS_TOKEN)
+                            .into_response(),
+                    )
+                };
+                let names = request["repositories"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                let repos: Option<BTreeSet<RepoName>> = names
+                    .iter()
+                    .map(|name| {
+                        RepoName::parse(&format!("{owner}/{}", name.as_str()?))
+                            .filter(|r| sim.config.repos.contains_key(r))
+                    })
+                    .collect();
+                let Some(repos) = repos.filter(|r| !r.is_empty() && r.len() <= 500) else {
+                    return refuse(
+                        "There is at least one repository that does not exist or is not accessible to the parent installation.",
                     );
                 };
-                let Some((permission, level)) = permissions
-                    .filter(|p| p.len() == 1)
-                    .and_then(|p| p.iter().next())
-                    .and_then(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
-                else {
-                    return Served::Answer(
-                        Reply::error(
-                            StatusCode::UNPROCESSABLE_ENTITY,
-                            "The daemon asks for one permission per token.",
-                            DOCS_TOKEN,
-                        )
-                        .into_response(),
-                    );
-                };
-                let scope = if permission == "administration" && state.managing_runners > 0 {
+                let asked = request["permissions"]
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default();
+                let mut granted = BTreeMap::new();
+                for (permission, level) in &asked {
+                    let level = level.as_str().unwrap_or_default();
+                    let allowed = INSTALLATION_PERMISSIONS
+                        .iter()
+                        .any(|(p, held)| p == permission && (*held == "write" || level == "read"));
+                    if !allowed || !matches!(level, "read" | "write") {
+                        return refuse(
+                            "The permissions requested are not granted to this installation.",
+                        );
+                    }
+                    granted.insert(permission.clone(), level.to_string());
+                }
+                if granted.is_empty() {
+                    return refuse("The daemon always asks for named permissions.");
+                }
+                let repo = repos.first().expect("not empty").clone();
+                let writes = granted.get("administration").is_some_and(|l| l == "write");
+                let scope = if writes && state.managing_runners > 0 {
                     Scope::Runners(repo.clone())
-                } else if permission == "administration" {
+                } else if writes {
                     Scope::Mint(repo.clone())
                 } else {
                     Scope::Queue(repo.clone())
                 };
-                token_request = Some((permission, level));
+                token_request = Some((repos, granted));
                 app_billing(repo, scope, "create an installation access token")
             }
             Route::ListRuns(repo) | Route::ListJobs(repo, _) => {
@@ -589,6 +613,17 @@ impl GitHubHttp {
             budget: Some(billing.holder.clone()),
             what: billing.what,
         });
+        // A shared read token that fails holds back the reads of every repo it names, since
+        // any of them may be the one whose read asked for it.
+        if let (Some(fault), Some((repos, _))) = (&fault, &token_request)
+            && repos.len() > 1
+        {
+            let e = fault.error(billing.what);
+            for repo in repos {
+                sim.record_fault(&Scope::Queue(repo.clone()), Service::GitHub, &e);
+                sim.record_fault(&Scope::Runners(repo.clone()), Service::GitHub, &e);
+            }
+        }
         let window = *state.window(&billing.holder, t);
         match fault {
             None | Some(Fault::Malformed) => {}
@@ -696,22 +731,23 @@ impl GitHubHttp {
                 None => Reply::not_found(),
             }),
             Route::AccessToken(installation) => {
-                let (permission, level) = token_request.expect("set for this route");
+                let (repos, permissions) = token_request.expect("set for this route");
                 state.tokens_issued += 1;
                 let token = format!("ghs_simulated{:08}{installation}", state.tokens_issued);
                 let expires_s = t + TOKEN_LIFETIME_S;
+                let listed: Vec<(RepoName, u64)> = repos
+                    .iter()
+                    .map(|repo| (repo.clone(), repo_id(sim, repo)))
+                    .collect();
+                let body = access_token_json(&token, expires_s, &permissions, &listed);
                 state.tokens.insert(
-                    token.clone(),
+                    token,
                     Grant {
-                        repo: billing.repo.clone(),
-                        permission: permission.clone(),
-                        level: level.clone(),
+                        repos,
+                        permissions,
                         expires_s,
                     },
                 );
-                let id = repo_id(sim, &billing.repo);
-                let body =
-                    access_token_json(&token, expires_s, &permission, &level, &billing.repo, id);
                 sim.requests.github_token_mints += 1;
                 Ok(Reply::json(StatusCode::CREATED, body.to_string()))
             }
@@ -941,7 +977,7 @@ fn authorize(
                 .get(token)
                 .filter(|g| g.expires_s > sim.t)
                 .ok_or_else(bad)?;
-            if grant.repo != *repo {
+            if !grant.repos.contains(repo) {
                 return Err(Reply::not_found());
             }
             if !grant.allows(permission, level) {
@@ -979,22 +1015,26 @@ fn installation_json(owner: &str, id: u64) -> Value {
 fn access_token_json(
     token: &str,
     expires_s: u64,
-    permission: &str,
-    level: &str,
-    repo: &RepoName,
-    repo_id: u64,
+    permissions: &BTreeMap<String, String>,
+    repos: &[(RepoName, u64)],
 ) -> Value {
-    let mut repository = TEMPLATES.token_repository.clone();
-    repository["id"] = json!(repo_id);
-    repository["name"] = json!(repo.name());
-    repository["full_name"] = json!(repo.to_string());
-    repository["owner"]["login"] = json!(repo.owner());
+    let repositories: Vec<Value> = repos
+        .iter()
+        .map(|(repo, id)| {
+            let mut repository = TEMPLATES.token_repository.clone();
+            repository["id"] = json!(id);
+            repository["name"] = json!(repo.name());
+            repository["full_name"] = json!(repo.to_string());
+            repository["owner"]["login"] = json!(repo.owner());
+            repository
+        })
+        .collect();
     let mut body = TEMPLATES.access_token.clone();
     body["token"] = json!(token);
     body["expires_at"] = json!(timestamp(expires_s as i64));
-    body["permissions"] = json!({ permission: level });
+    body["permissions"] = json!(permissions);
     body["repository_selection"] = json!("selected");
-    body["repositories"] = json!([repository]);
+    body["repositories"] = json!(repositories);
     body
 }
 
@@ -1403,6 +1443,14 @@ impl GitHubForge {
 impl QueueSource for GitHubForge {
     fn budget(&self, repo: &RepoConfig) -> Option<crate::observe::BudgetReading> {
         self.client().budget(repo)
+    }
+
+    fn serving(&self, repos: &[&RepoConfig]) {
+        self.client().serving(repos);
+    }
+
+    fn hinted(&self, repo: &crate::model::RepoName) {
+        self.client().hinted(repo);
     }
 
     async fn list_jobs(&self, repo: &RepoConfig) -> Result<RepoJobs, PortError> {

@@ -223,6 +223,9 @@ impl Checker {
                     Some(read) if !read.busy => {
                         soon.max(read.at_s + self.idle_poll_interval_s + self.dispatch_within_s)
                     }
+                    // Never read: the daemon spreads a fleet's first reads over its first
+                    // idle interval (a webhook hint is read at once all the same).
+                    None => soon.max(self.idle_poll_interval_s + self.dispatch_within_s),
                     _ => soon,
                 }
             };
