@@ -17,6 +17,9 @@
 //!   [`super::world::Latencies`]). The API's 0–3 s lag, faults and backoff are in it: they
 //!   are what the loop meets. Runs with webhooks split the lag by whether the job's webhook
 //!   arrived (`_webhook_`) or was lost (`_webhook_lost_`).
+//! - `dispatch_lag_visible_webhook_p50_s`/`_p99_s`: the same for jobs whose webhook arrived,
+//!   counted from the first second the API also showed the job queued (and the caps left
+//!   room): the part of the lag that is the loop's own, without the API's.
 //! - `secondary_points_per_min_max`: GitHub's secondary-limit points of the busiest owner in
 //!   its busiest 60 seconds (GET 1, POST/DELETE 5, `304`s included), over every seed.
 //! - `concurrent_requests_max`: the most GitHub requests entered in the in-memory service and
@@ -110,6 +113,9 @@ pub struct BenchRow {
     /// Jobs whose webhook was lost (runs with webhooks only).
     pub dispatch_lag_webhook_lost_p50_s: Option<u64>,
     pub dispatch_lag_webhook_lost_p99_s: Option<u64>,
+    /// For jobs whose webhook arrived, from the first second the API showed them queued.
+    pub dispatch_lag_visible_webhook_p50_s: Option<u64>,
+    pub dispatch_lag_visible_webhook_p99_s: Option<u64>,
     pub secondary_points_per_min_max: Option<u64>,
     pub concurrent_requests_max: Option<u64>,
     pub token_mints_per_hour: Option<f64>,
@@ -164,6 +170,8 @@ pub fn row(strategy: Strategy, scenario: Scenario, outcomes: &[SeedOutcome]) -> 
         dispatch_lag_webhook_p99_s: None,
         dispatch_lag_webhook_lost_p50_s: None,
         dispatch_lag_webhook_lost_p99_s: None,
+        dispatch_lag_visible_webhook_p50_s: None,
+        dispatch_lag_visible_webhook_p99_s: None,
         secondary_points_per_min_max: None,
         concurrent_requests_max: None,
         token_mints_per_hour: None,
@@ -179,6 +187,7 @@ pub fn row(strategy: Strategy, scenario: Scenario, outcomes: &[SeedOutcome]) -> 
     };
     let (mut github, mut github_repo_s, mut nomad, mut ticks) = (0u64, 0u64, 0u64, 0u64);
     let (mut lag, mut lag_webhook, mut lag_lost) = (Vec::new(), Vec::new(), Vec::new());
+    let mut lag_visible_webhook = Vec::new();
     let (mut mints, mut tick_wall_us, mut seconds, mut sent) = (0u64, Vec::new(), 0u64, 0u64);
     for o in outcomes {
         let m = &o.measured;
@@ -190,6 +199,14 @@ pub fn row(strategy: Strategy, scenario: Scenario, outcomes: &[SeedOutcome]) -> 
                 Some(false) => lag_lost.push(s),
                 None => {}
             }
+        }
+        if strategy == Strategy::Ours {
+            lag_visible_webhook.extend(
+                m.dispatch_lag_visible_s
+                    .iter()
+                    .filter(|(_, webhook)| *webhook == Some(true))
+                    .map(|(s, _)| *s),
+            );
         }
         let r = &m.requests;
         if r.github_primary + r.github_not_modified > 0 {
@@ -254,6 +271,8 @@ pub fn row(strategy: Strategy, scenario: Scenario, outcomes: &[SeedOutcome]) -> 
     row.dispatch_lag_webhook_p99_s = percentile(&mut lag_webhook, 99.0);
     row.dispatch_lag_webhook_lost_p50_s = percentile(&mut lag_lost, 50.0);
     row.dispatch_lag_webhook_lost_p99_s = percentile(&mut lag_lost, 99.0);
+    row.dispatch_lag_visible_webhook_p50_s = percentile(&mut lag_visible_webhook, 50.0);
+    row.dispatch_lag_visible_webhook_p99_s = percentile(&mut lag_visible_webhook, 99.0);
     if seconds > 0 {
         row.token_mints_per_hour = Some(round2(mints as f64 * 3600.0 / seconds as f64));
     }
@@ -347,7 +366,7 @@ pub fn render_text(rows: &[BenchRow]) -> String {
         _ => format!("{}/{}", opt(a), opt(b)),
     };
     let mut out = format!(
-        "{:<16} {:<18} {:>5} {:>8} {:>8} {:>8} {:>8} {:>7} {:>5} {:>8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>7} {:>5} {:>7} {:>10} {:>8}\n",
+        "{:<16} {:<18} {:>5} {:>8} {:>8} {:>8} {:>8} {:>7} {:>5} {:>8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7} {:>5} {:>7} {:>10} {:>8}\n",
         "scenario",
         "strategy",
         "seeds",
@@ -362,6 +381,7 @@ pub fn render_text(rows: &[BenchRow]) -> String {
         "nomad/tick",
         "lag50/99",
         "hook50/99",
+        "vis50/99",
         "lost50/99",
         "sec/min",
         "conc",
@@ -371,7 +391,7 @@ pub fn render_text(rows: &[BenchRow]) -> String {
     );
     for r in rows {
         out.push_str(&format!(
-            "{:<16} {:<18} {:>5} {:>8} {:>8} {:>8} {:>8} {:>7} {:>5} {:>8} {:>10.1} {:>10.2} {:>9} {:>9} {:>9} {:>7} {:>5} {:>7} {:>10} {:>8}\n",
+            "{:<16} {:<18} {:>5} {:>8} {:>8} {:>8} {:>8} {:>7} {:>5} {:>8} {:>10.1} {:>10.2} {:>9} {:>9} {:>9} {:>9} {:>7} {:>5} {:>7} {:>10} {:>8}\n",
             r.scenario.as_str(),
             r.strategy.as_str(),
             r.seeds,
@@ -386,6 +406,10 @@ pub fn render_text(rows: &[BenchRow]) -> String {
             r.nomad_requests_per_tick,
             pair(r.dispatch_lag_p50_s, r.dispatch_lag_p99_s),
             pair(r.dispatch_lag_webhook_p50_s, r.dispatch_lag_webhook_p99_s),
+            pair(
+                r.dispatch_lag_visible_webhook_p50_s,
+                r.dispatch_lag_visible_webhook_p99_s
+            ),
             pair(
                 r.dispatch_lag_webhook_lost_p50_s,
                 r.dispatch_lag_webhook_lost_p99_s
@@ -426,6 +450,7 @@ mod tests {
             (9, Some(false)),
             (30, None),
         ];
+        m.dispatch_lag_visible_s = vec![(0, Some(true)), (2, Some(true)), (7, Some(false))];
         m.tick_wall_us = vec![1_000, 2_500];
         m.requests.github_primary = 10;
         m.requests.github_token_mints = 3;
@@ -449,6 +474,9 @@ mod tests {
         assert_eq!(row.dispatch_lag_webhook_p50_s, Some(0));
         assert_eq!(row.dispatch_lag_webhook_p99_s, Some(1));
         assert_eq!(row.dispatch_lag_webhook_lost_p50_s, Some(9));
+        // Counted from visibility, webhook delivered only.
+        assert_eq!(row.dispatch_lag_visible_webhook_p50_s, Some(0));
+        assert_eq!(row.dispatch_lag_visible_webhook_p99_s, Some(2));
         assert_eq!(row.secondary_points_per_min_max, Some(6));
         assert_eq!(row.concurrent_requests_max, Some(7));
         // 6 mints over two half-hours.

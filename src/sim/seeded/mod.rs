@@ -106,6 +106,8 @@ pub struct Measured {
     pub queue_to_start_s: Vec<u64>,
     /// Seconds from cap room to dispatch, and whether the job's webhook arrived.
     pub dispatch_lag_s: Vec<(u64, Option<bool>)>,
+    /// The same from the first second the API also showed the job queued.
+    pub dispatch_lag_visible_s: Vec<(u64, Option<bool>)>,
     /// Host wall time of each of our ticks, in microseconds.
     pub tick_wall_us: Vec<u64>,
     pub wasted_dispatches: u64,
@@ -295,6 +297,7 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
     m.queue_to_dispatch_s = std::mem::take(&mut sim.world.latencies.queue_to_dispatch_s);
     m.queue_to_start_s = std::mem::take(&mut sim.world.latencies.queue_to_start_s);
     m.dispatch_lag_s = std::mem::take(&mut sim.world.latencies.dispatch_lag_s);
+    m.dispatch_lag_visible_s = std::mem::take(&mut sim.world.latencies.dispatch_lag_visible_s);
     m.tick_wall_us = driven.tick_wall_us;
     m.wasted_dispatches = sim.world.wasted_dispatches();
     m.stranded_jobs = sim.world.stranded_jobs();

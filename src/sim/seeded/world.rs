@@ -251,11 +251,17 @@ pub struct Latencies {
     /// took before any dispatch was matched to it counts from then to that runner's
     /// dispatch (0 when the runner was there first).
     pub dispatch_lag_s: Vec<(u64, Option<bool>)>,
+    /// The same lag counted from the first second the job was also *visible* queued in the
+    /// API (which shows a new job 0–3 s late): what the loop adds once it could have seen
+    /// the job. Only jobs a dispatch was matched to while they were visible.
+    pub dispatch_lag_visible_s: Vec<(u64, Option<bool>)>,
     /// Queued jobs of each bucket not yet matched to a dispatch, oldest first.
     unmatched: BTreeMap<(RepoName, LabelSet), VecDeque<u64>>,
     matched: BTreeSet<u64>,
     /// When each unmatched job first had cap room.
     room_since: BTreeMap<u64, u64>,
+    /// When each unmatched job first had cap room while the API showed it queued.
+    visible_room_since: BTreeMap<u64, u64>,
     /// Whether each job's webhook was delivered (runs with webhooks only).
     webhook: BTreeMap<u64, bool>,
 }
@@ -268,10 +274,13 @@ impl Latencies {
     /// `job` was matched to a dispatch made at `dispatched_s`, at `t`.
     fn lag(&mut self, job: u64, dispatched_s: u64, t: u64) {
         let room = self.room_since.remove(&job).unwrap_or(t.min(dispatched_s));
-        self.dispatch_lag_s.push((
-            dispatched_s.saturating_sub(room),
-            self.webhook.get(&job).copied(),
-        ));
+        let webhook = self.webhook.get(&job).copied();
+        self.dispatch_lag_s
+            .push((dispatched_s.saturating_sub(room), webhook));
+        if let Some(visible) = self.visible_room_since.remove(&job) {
+            self.dispatch_lag_visible_s
+                .push((dispatched_s.saturating_sub(visible), webhook));
+        }
     }
 
     /// A dispatch for `bucket` at `t` serves its oldest queued job that has none yet.
@@ -571,6 +580,9 @@ impl World {
         for (_, id) in waiting {
             if has_room(&self.jobs[&id]) {
                 self.latencies.room_since.entry(id).or_insert(t);
+                if self.jobs[&id].visible == Visible::Queued {
+                    self.latencies.visible_room_since.entry(id).or_insert(t);
+                }
             }
         }
     }
@@ -1276,5 +1288,26 @@ mod tests {
         // cap until 40 (that is the cap's doing) and was dispatched 5 s later.
         assert_eq!(world.latencies.queue_to_dispatch_s, [3, 35]);
         assert_eq!(world.latencies.dispatch_lag_s, [(3, None), (5, None)]);
+    }
+
+    #[test]
+    fn the_visible_lag_counts_from_when_the_api_shows_the_job() {
+        let mut rng = StdRng::seed_from_u64(1);
+        let options = Scenario::Steady.options(&mut rng);
+        let mut world = World::new(&options, BTreeMap::new());
+        let repo = RepoName::parse("afreidah/munchbox").expect("a repo name");
+        let bucket = (repo.clone(), job(&repo).labels);
+        world.jobs.insert(1, job(&repo));
+        world.set_queued(1, 10, &options, &mut rng);
+        // Queued at 10 with room all along; the API shows it at 12.
+        for t in 10..14 {
+            if t == 12 {
+                world.jobs.get_mut(&1).expect("queued").visible = Visible::Queued;
+            }
+            world.note_cap_room(t, &mut |_| true);
+        }
+        world.latencies.dispatched(&bucket, 13, &world.jobs);
+        assert_eq!(world.latencies.dispatch_lag_s, [(3, None)]);
+        assert_eq!(world.latencies.dispatch_lag_visible_s, [(1, None)]);
     }
 }
