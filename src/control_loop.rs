@@ -585,6 +585,7 @@ impl Controller {
         // poll schedule does not find due: they keep their last reading.
         let mut to_ask = Vec::new();
         let intervals = self.poll_intervals();
+        self.memory.polls.begin_tick(now, intervals);
         let mut stretched = BTreeMap::new();
         let mut first_reads_left = polls::first_reads_per_tick(config.repos.len(), intervals);
         for repo in config.repos.values() {

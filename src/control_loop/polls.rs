@@ -61,6 +61,10 @@ pub fn budget_stretch(budget: &BudgetReading, now: DateTime<Utc>) -> f64 {
     (projected / affordable).clamp(1.0, BUDGET_STRETCH_MAX)
 }
 
+/// How much earlier than a poll interval after the last tick of the cadence a tick may come
+/// and still be one of the cadence (the timer's jitter).
+const CADENCE_JITTER: Duration = Duration::from_secs(1);
+
 /// First reads per tick at the least: a fleet of a few dozen repos is read at once.
 pub const FIRST_READS_PER_TICK_MIN: usize = 16;
 
@@ -92,6 +96,11 @@ impl PollIntervals {
 struct RepoPolls {
     /// The last successful read of its queue.
     read_at: Option<DateTime<Utc>>,
+    /// The last read the schedule asked for, which the next is due an interval after. A read a
+    /// hint asked for between two ticks does not move it: the repo's next read stays at the
+    /// tick it was due at, instead of an interval after the hint, which ticks a poll interval
+    /// apart would reach only one tick later.
+    scheduled_at: Option<DateTime<Utc>>,
     /// Work was seen at the last tick: jobs at the last read, or children of ours.
     busy: bool,
     hinted_at: Option<DateTime<Utc>>,
@@ -103,9 +112,28 @@ struct RepoPolls {
 #[derive(Clone, Debug, Default)]
 pub struct PollSchedule {
     repos: BTreeMap<RepoName, RepoPolls>,
+    /// The last tick on the poll cadence.
+    cadence_at: Option<DateTime<Utc>>,
+    /// This tick was woken by a webhook between two ticks of the cadence.
+    off_cadence: bool,
 }
 
 impl PollSchedule {
+    /// A tick begins at `now`. It is on the poll cadence when a poll interval (less a second)
+    /// has passed since the last tick that was; ticks in between are woken by webhook hints,
+    /// and read a repo early only if a hint asked for it. Read early there, a busy repo would
+    /// skip the next tick of the cadence and wait almost two intervals.
+    pub fn begin_tick(&mut self, now: DateTime<Utc>, intervals: PollIntervals) {
+        // The loop's timer ticks a poll interval apart or later, never earlier by more than
+        // its jitter; a tick sooner than that was woken by a hint.
+        let jitter = intervals.slack().min(CADENCE_JITTER);
+        let cadence = intervals.busy.saturating_sub(jitter);
+        self.off_cadence = self.cadence_at.is_some_and(|at| now < after(at, cadence));
+        if !self.off_cadence {
+            self.cadence_at = Some(now);
+        }
+    }
+
     /// A webhook said something happened in `repo`: read it at the next tick.
     pub fn hint(&mut self, repo: &RepoName, now: DateTime<Utc>) {
         let polls = self.repos.entry(repo.clone()).or_default();
@@ -147,9 +175,14 @@ impl PollSchedule {
         if polls.asked {
             return None;
         }
-        let read_at = polls.read_at?;
+        let read_at = polls.scheduled_at.or(polls.read_at)?;
         let due = after(read_at, self.interval(repo, now, intervals, stretch));
-        let early = due - chrono::Duration::from_std(intervals.slack()).unwrap_or_default();
+        let slack = if self.off_cadence {
+            Duration::ZERO
+        } else {
+            intervals.slack()
+        };
+        let early = due - chrono::Duration::from_std(slack).unwrap_or_default();
         (now < early).then_some(due)
     }
 
@@ -168,6 +201,9 @@ impl PollSchedule {
     /// `repo` was read at `now`; `busy` when the reading showed a job queued or running.
     pub fn read(&mut self, repo: &RepoName, now: DateTime<Utc>, busy: bool) {
         let polls = self.repos.entry(repo.clone()).or_default();
+        if !polls.asked || polls.scheduled_at.is_none() {
+            polls.scheduled_at = Some(now);
+        }
         polls.read_at = Some(now);
         polls.asked = false;
         polls.busy = busy;
@@ -236,6 +272,46 @@ mod tests {
     }
 
     #[test]
+    fn a_hinted_read_between_ticks_keeps_the_repo_on_its_tick_cadence() {
+        let mut schedule = PollSchedule::default();
+        schedule.read(&repo(), t(0), true);
+        // A hint between ticks: read at 11 s.
+        schedule.hint(&repo(), t(11));
+        assert_eq!(schedule.next_read_at(&repo(), t(11), INTERVALS, 1.0), None);
+        schedule.read(&repo(), t(11), true);
+        // Still due at the tick of 15 s, not at 26 s (which ticks reach only at 30 s).
+        assert_eq!(schedule.next_read_at(&repo(), t(15), INTERVALS, 1.0), None);
+        schedule.read(&repo(), t(15), true);
+        assert_eq!(
+            schedule.next_read_at(&repo(), t(20), INTERVALS, 1.0),
+            Some(t(30))
+        );
+    }
+
+    #[test]
+    fn a_tick_woken_between_ticks_reads_early_only_what_a_hint_asked_for() {
+        let mut schedule = PollSchedule::default();
+        let other = RepoName::parse("acme/web").unwrap();
+        schedule.begin_tick(t(0), INTERVALS);
+        schedule.read(&repo(), t(0), true);
+        schedule.read(&other, t(0), true);
+        // A webhook for acme/web wakes a tick at 13 s, 2 s before the cadence's next.
+        schedule.hint(&other, t(13));
+        schedule.begin_tick(t(13), INTERVALS);
+        assert_eq!(schedule.next_read_at(&other, t(13), INTERVALS, 1.0), None);
+        schedule.read(&other, t(13), true);
+        // acme/api is due at 15 s: not read at 13 s, though within the slack of a tick.
+        assert_eq!(
+            schedule.next_read_at(&repo(), t(13), INTERVALS, 1.0),
+            Some(t(15))
+        );
+        // The tick of the cadence reads both: acme/web's hinted read did not move its turn.
+        schedule.begin_tick(t(15), INTERVALS);
+        assert_eq!(schedule.next_read_at(&repo(), t(15), INTERVALS, 1.0), None);
+        assert_eq!(schedule.next_read_at(&other, t(15), INTERVALS, 1.0), None);
+    }
+
+    #[test]
     fn a_never_read_repo_is_due_at_once() {
         assert_eq!(
             PollSchedule::default().next_read_at(&repo(), t(0), INTERVALS, 1.0),
@@ -276,10 +352,13 @@ mod tests {
         schedule.hint(&repo(), t(20));
         assert_eq!(schedule.next_read_at(&repo(), t(21), INTERVALS, 1.0), None);
         schedule.read(&repo(), t(21), false);
-        // Busy cadence while the hint is fresh, although the reading was empty.
+        // Busy cadence while the hint is fresh, although the reading was empty: read at the
+        // next tick (30 s; the cadence runs from the scheduled read of 0 s), then every 15 s.
+        assert_eq!(schedule.next_read_at(&repo(), t(30), INTERVALS, 1.0), None);
+        schedule.read(&repo(), t(30), false);
         assert_eq!(
-            schedule.next_read_at(&repo(), t(25), INTERVALS, 1.0),
-            Some(t(36))
+            schedule.next_read_at(&repo(), t(35), INTERVALS, 1.0),
+            Some(t(45))
         );
         // Idle again once the hint is five minutes old.
         schedule.read(&repo(), t(320), false);
