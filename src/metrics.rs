@@ -152,6 +152,7 @@ pub(crate) struct ClientCounts {
     api_requests: Family<ApiLabels, Counter>,
     conditional_hits: Counter,
     rate_limit_remaining: Family<OwnerLabels, Gauge>,
+    secondary_points: Family<OwnerLabels, Gauge>,
 }
 
 /// The clients' recorder. Global, unlike [`Metrics`], which is passed to the loop: a client
@@ -163,6 +164,7 @@ pub(crate) static CLIENT_COUNTS: LazyLock<ClientCounts> = LazyLock::new(|| Clien
     api_requests: Family::default(),
     conditional_hits: Counter::default(),
     rate_limit_remaining: Family::default(),
+    secondary_points: Family::default(),
 });
 
 /// Counts one request to `service`: its status, or `None` when no answer came back.
@@ -190,6 +192,17 @@ pub fn set_rate_limit_remaining(owner: &str, remaining: u64) {
             owner: owner.to_string(),
         })
         .set(i64::try_from(remaining).unwrap_or(i64::MAX));
+}
+
+/// GitHub secondary-limit points `owner` spent in the last 60 seconds, as the client counts
+/// them when it sends (a `GET` one, any other method five).
+pub fn set_secondary_points(owner: &str, points: u32) {
+    CLIENT_COUNTS
+        .secondary_points
+        .get_or_create(&OwnerLabels {
+            owner: owner.to_string(),
+        })
+        .set(i64::from(points));
 }
 
 /// One bucket as `/healthz` judges it, from the last tick.
@@ -431,6 +444,11 @@ impl Metrics {
             "Requests left in each GitHub rate-limit budget, as last reported",
             clients.rate_limit_remaining.clone(),
         );
+        registry.register(
+            "github_secondary_points_last_minute",
+            "GitHub secondary-limit points each budget owner spent in the last 60 seconds",
+            clients.secondary_points.clone(),
+        );
         Metrics {
             registry,
             ..metrics
@@ -584,6 +602,7 @@ impl Metrics {
         count_request(Service::GitHub, Some(200));
         CLIENT_COUNTS.conditional_hits.inc_by(0);
         set_rate_limit_remaining("app", 5000);
+        set_secondary_points("app", 0);
         metrics
     }
 

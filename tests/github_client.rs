@@ -754,3 +754,43 @@ async fn an_idle_repo_is_read_with_one_request_until_a_run_appears() {
     assert_eq!(by_status.len(), 22);
     assert_eq!(quick.len(), 4);
 }
+
+/// Reads stop short of GitHub's secondary limit: once a holder's reads spent the minute's
+/// points, the next read is refused without a request, as a rate limit with the wait, until
+/// the oldest points are a minute old.
+#[tokio::test]
+async fn reads_stop_at_the_minutes_secondary_points() {
+    let World {
+        twin,
+        _server,
+        client,
+        ..
+    } = world().await;
+    let clock = twin.clone();
+    let client = client
+        .with_clock(Arc::new(move || clock.now()))
+        .with_read_points_per_minute(8);
+    twin.install_app("acme");
+    let repo = app_repo("acme/api");
+    twin.add_run(&repo.repo, vec![vec!["self-hosted"]]);
+    let listings = |twin: &GitHubTwin| {
+        twin.request_log()
+            .iter()
+            .filter(|e| e.endpoint == LIST_RUNS || e.endpoint == LIST_JOBS)
+            .count()
+    };
+
+    // A quick read, then five run listings and one job listing: 7 points.
+    assert_eq!(client.list_jobs(&repo).await.unwrap().jobs.len(), 1);
+    assert_eq!(listings(&twin), 7);
+    // The next full read gets one listing out (8 points), then stops.
+    let e = client.list_jobs(&repo).await.unwrap_err();
+    assert_eq!(e.class, ErrorClass::RateLimited, "{e}");
+    assert!(e.message.contains("secondary limit"), "{e}");
+    assert!(e.retry_after_s.is_some_and(|s| s <= 60), "{e:?}");
+    assert_eq!(listings(&twin), 8);
+    // A minute on, the points are free again.
+    twin.advance_clock(chrono::Duration::seconds(61));
+    assert_eq!(client.list_jobs(&repo).await.unwrap().jobs.len(), 1);
+    assert_eq!(listings(&twin), 14);
+}

@@ -389,6 +389,10 @@ async fn metrics_are_scraped_with_their_label_sets_and_no_label_carries_an_id_or
         ("runner_scaler_purges_total", &["outcome"]),
         ("runner_scaler_api_requests_total", &["class", "service"]),
         ("runner_scaler_github_rate_limit_remaining", &["owner"]),
+        (
+            "runner_scaler_github_secondary_points_last_minute",
+            &["owner"],
+        ),
         ("runner_scaler_ticks_total", &[]),
         ("runner_scaler_leader", &[]),
     ];

@@ -212,3 +212,110 @@ mod tests {
         );
     }
 }
+
+/// GitHub's secondary limit on REST points per minute (a `GET`, `HEAD` or `OPTIONS` is one
+/// point, anything else five; a `304` counts).
+pub const SECONDARY_POINTS_PER_MINUTE: u32 = 900;
+/// The most points of one holder the daemon spends on reads in any 60 seconds: the rest of
+/// GitHub's 900 is left for the writes that serve jobs (mints, deletions), which are never
+/// held back by this.
+pub const READ_POINTS_PER_MINUTE_MAX: u32 = 750;
+const SECONDARY_WINDOW: chrono::Duration = chrono::Duration::seconds(60);
+
+/// Points a request costs against the secondary limit.
+pub fn secondary_points(method: &http::Method) -> u32 {
+    if matches!(
+        *method,
+        http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
+    ) {
+        1
+    } else {
+        5
+    }
+}
+
+/// The secondary-limit points each holder spent in the last 60 seconds, counted as requests
+/// are sent.
+#[derive(Default)]
+pub struct SecondaryPoints {
+    spent: Mutex<BTreeMap<BudgetHolder, PointsWindow>>,
+}
+
+/// Requests of the last minute: when each was sent and its points, oldest first.
+type PointsWindow = std::collections::VecDeque<(DateTime<Utc>, u32)>;
+
+impl SecondaryPoints {
+    /// Counts a request of `method` sent now; returns the holder's points in the last minute.
+    pub fn spend(&self, holder: &BudgetHolder, method: &http::Method, now: DateTime<Utc>) -> u32 {
+        let mut spent = self.spent.lock().expect("secondary points lock");
+        let window = spent.entry(holder.clone()).or_default();
+        window.push_back((now, secondary_points(method)));
+        Self::trim(window, now)
+    }
+
+    /// When a read may go out without the holder's reads passing `limit` points in a minute:
+    /// `None` if now.
+    pub fn read_refused_until(
+        &self,
+        holder: &BudgetHolder,
+        limit: u32,
+        now: DateTime<Utc>,
+    ) -> Option<DateTime<Utc>> {
+        let mut spent = self.spent.lock().expect("secondary points lock");
+        let window = spent.get_mut(holder)?;
+        let mut points = Self::trim(window, now);
+        if points < limit {
+            return None;
+        }
+        // The moment enough of the oldest points leave the window.
+        for (at, cost) in window.iter() {
+            points = points.saturating_sub(*cost);
+            if points < limit {
+                return Some(*at + SECONDARY_WINDOW);
+            }
+        }
+        Some(now + SECONDARY_WINDOW)
+    }
+
+    /// Drops what left the window; the points left in it.
+    fn trim(
+        window: &mut std::collections::VecDeque<(DateTime<Utc>, u32)>,
+        now: DateTime<Utc>,
+    ) -> u32 {
+        while window
+            .front()
+            .is_some_and(|(at, _)| now - *at >= SECONDARY_WINDOW)
+        {
+            window.pop_front();
+        }
+        window.iter().map(|(_, cost)| cost).sum()
+    }
+}
+
+#[cfg(test)]
+mod secondary_tests {
+    use super::*;
+
+    #[test]
+    fn reads_are_refused_while_a_minute_holds_the_limit_and_writes_cost_five() {
+        let points = SecondaryPoints::default();
+        let holder = BudgetHolder::Installation(7);
+        let t0 = DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+        let s = |n: i64| t0 + chrono::Duration::seconds(n);
+        assert_eq!(points.read_refused_until(&holder, 10, t0), None);
+        for n in 0..5 {
+            points.spend(&holder, &http::Method::GET, s(n));
+        }
+        assert_eq!(points.spend(&holder, &http::Method::POST, s(10)), 10);
+        // 10 points in the minute: the next read waits until the first GET is a minute old.
+        assert_eq!(points.read_refused_until(&holder, 10, s(20)), Some(s(60)));
+        assert_eq!(points.read_refused_until(&holder, 10, s(60)), None);
+        // Another holder is not held back.
+        assert_eq!(
+            points.read_refused_until(&BudgetHolder::App, 10, s(20)),
+            None
+        );
+        // Once the POST leaves the window too, 0.
+        assert_eq!(points.spend(&holder, &http::Method::GET, s(71)), 1);
+    }
+}

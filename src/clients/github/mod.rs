@@ -44,7 +44,7 @@ use app_auth::{
     AppSigner, InstallationToken, Installations, Permission, REPOS_PER_TOKEN_MAX, TokenCache,
     TokenKey,
 };
-pub use budget::{Budget, BudgetHolder, RateBudgets};
+pub use budget::{Budget, BudgetHolder, READ_POINTS_PER_MINUTE_MAX, RateBudgets, SecondaryPoints};
 pub use transport::SECONDARY_LIMIT_WAIT_S;
 use transport::{Answer, RateHeaders, Target, Transport, classify, malformed};
 
@@ -225,6 +225,10 @@ pub struct GitHub {
     secrets: Arc<dyn SecretSource>,
     polling_tokens: Mutex<HashMap<String, (SecretString, DateTime<Utc>)>>,
     budgets: RateBudgets,
+    /// Secondary-limit points spent per holder in the last minute.
+    secondary: SecondaryPoints,
+    /// Reads stop for a holder at this many points in a minute.
+    read_points_per_minute_max: u32,
     conditional: Mutex<HashMap<RepoName, HashMap<String, Conditional>>>,
     /// The configured `app` repo names per owner (lowercased), which shared read tokens name.
     read_sets: Mutex<HashMap<String, BTreeSet<String>>>,
@@ -334,6 +338,8 @@ impl GitHub {
             secrets,
             polling_tokens: Mutex::default(),
             budgets: RateBudgets::default(),
+            secondary: SecondaryPoints::default(),
+            read_points_per_minute_max: READ_POINTS_PER_MINUTE_MAX,
             conditional: Mutex::default(),
             read_sets: Mutex::default(),
             shared_refused: Mutex::default(),
@@ -348,6 +354,13 @@ impl GitHub {
     /// a benchmark compares conditional requests against).
     pub fn without_conditional_requests(mut self) -> GitHub {
         self.conditional_requests = false;
+        self
+    }
+
+    /// Holds reads of a holder back at `points` of GitHub's secondary limit in a minute
+    /// instead of [`READ_POINTS_PER_MINUTE_MAX`] (tests).
+    pub fn with_read_points_per_minute(mut self, points: u32) -> GitHub {
+        self.read_points_per_minute_max = points;
         self
     }
 
@@ -442,6 +455,42 @@ impl GitHub {
         }
     }
 
+    /// Counts a request about to be sent against its holder's secondary limit.
+    fn spend_points(&self, holder: &BudgetHolder, method: &Method) {
+        let points = self.secondary.spend(holder, method, self.now());
+        crate::metrics::set_secondary_points(&holder.metric_label(), points);
+    }
+
+    /// GitHub's secondary limit (900 points a minute) answers 403 or 429 and may block an
+    /// integration that keeps going; reads stop short of it, leaving room for the writes that
+    /// serve jobs. A read held back is a rate limit like any other: its repo waits until the
+    /// oldest points leave the minute.
+    fn refuse_reads_over_points(
+        &self,
+        holder: &BudgetHolder,
+        doing: &str,
+    ) -> Result<(), PortError> {
+        let now = self.now();
+        let Some(until) =
+            self.secondary
+                .read_refused_until(holder, self.read_points_per_minute_max, now)
+        else {
+            return Ok(());
+        };
+        let wait_s = u64::try_from((until - now).num_seconds())
+            .unwrap_or(0)
+            .clamp(1, RATE_LIMIT_WAIT_MAX_S);
+        Err(PortError::new(
+            ErrorClass::RateLimited,
+            format!(
+                "{doing}: {holder} spent {} points of GitHub's secondary limit in the last minute; reads wait until {}",
+                self.read_points_per_minute_max,
+                until.to_rfc3339()
+            ),
+        )
+        .with_retry_after(Some(wait_s)))
+    }
+
     /// A call authenticated as the App itself (JWT).
     async fn app_call(
         &self,
@@ -454,6 +503,7 @@ impl GitHub {
         let holder = BudgetHolder::App;
         self.refuse_while_paused(&holder, doing)?;
         let jwt = app.signer.jwt(self.now())?;
+        self.spend_points(&holder, &method);
         let answer = self
             .transport
             .send(method, &Target::Path(path), &jwt, body, None, doing)
@@ -776,6 +826,10 @@ impl GitHub {
         loop {
             let credential = self.credential(repo, permission).await?;
             self.refuse_while_paused(&credential.holder, doing)?;
+            if method == Method::GET {
+                self.refuse_reads_over_points(&credential.holder, doing)?;
+            }
+            self.spend_points(&credential.holder, &method);
             let answer = self
                 .transport
                 .send(
