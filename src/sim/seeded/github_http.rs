@@ -555,7 +555,9 @@ impl GitHubHttp {
                 }
                 let repo = repos.first().expect("not empty").clone();
                 let writes = granted.get("administration").is_some_and(|l| l == "write");
-                let scope = if writes && state.managing_runners > 0 {
+                let scope = if repos.len() > 1 {
+                    Scope::ReadToken(owner.clone())
+                } else if writes && state.managing_runners > 0 {
                     Scope::Runners(repo.clone())
                 } else if writes {
                     Scope::Mint(repo.clone())

@@ -47,6 +47,9 @@ pub enum Scope {
     Discover,
     /// Reading or deleting a repo's runner registrations.
     Runners(RepoName),
+    /// Minting an installation's shared read token (its owner): a failure holds back the
+    /// reads of every repo it names, a success clears none of their faults.
+    ReadToken(String),
     /// Reading the document from Consul.
     Document,
 }
