@@ -82,6 +82,19 @@ async fn world() -> World {
     }
 }
 
+/// A world whose client reads the twin's clock, so that moving it moves both.
+async fn world_on_the_twins_clock() -> (GitHubTwin, TwinServer, GitHub) {
+    let World {
+        twin,
+        _server,
+        client,
+        ..
+    } = world().await;
+    let clock = twin.clone();
+    let client = client.with_clock(Arc::new(move || clock.now()));
+    (twin, _server, client)
+}
+
 fn repo_name(name: &str) -> RepoName {
     RepoName::parse(name).unwrap()
 }
@@ -693,14 +706,7 @@ fn run_listings(twin: &GitHubTwin) -> (Vec<String>, Vec<u16>) {
 /// (a run re-run from further back than the newest page).
 #[tokio::test]
 async fn an_idle_repo_is_read_with_one_request_until_a_run_appears() {
-    let World {
-        twin,
-        _server,
-        client,
-        ..
-    } = world().await;
-    let clock = twin.clone();
-    let client = client.with_clock(Arc::new(move || clock.now()));
+    let (twin, _server, client) = world_on_the_twins_clock().await;
     twin.install_app("acme");
     let repo = app_repo("acme/api");
     // An old run, completed.
@@ -760,16 +766,8 @@ async fn an_idle_repo_is_read_with_one_request_until_a_run_appears() {
 /// the oldest points are a minute old.
 #[tokio::test]
 async fn reads_stop_at_the_minutes_secondary_points() {
-    let World {
-        twin,
-        _server,
-        client,
-        ..
-    } = world().await;
-    let clock = twin.clone();
-    let client = client
-        .with_clock(Arc::new(move || clock.now()))
-        .with_read_points_per_minute(8);
+    let (twin, _server, client) = world_on_the_twins_clock().await;
+    let client = client.with_read_points_per_minute(8);
     twin.install_app("acme");
     let repo = app_repo("acme/api");
     twin.add_run(&repo.repo, vec![vec!["self-hosted"]]);

@@ -438,19 +438,14 @@ impl GitHub {
     fn refuse_while_paused(&self, holder: &BudgetHolder, doing: &str) -> Result<(), PortError> {
         let now = self.now();
         match self.budgets.paused_until(holder, now) {
-            Some(until) => {
-                let wait_s = u64::try_from((until - now).num_seconds())
-                    .unwrap_or(0)
-                    .clamp(1, RATE_LIMIT_WAIT_MAX_S);
-                Err(PortError::new(
-                    ErrorClass::RateLimited,
-                    format!(
-                        "{doing}: the rate-limit budget of {holder} is spent until {}",
-                        until.to_rfc3339()
-                    ),
-                )
-                .with_retry_after(Some(wait_s)))
-            }
+            Some(until) => Err(rate_limited_until(
+                format!(
+                    "{doing}: the rate-limit budget of {holder} is spent until {}",
+                    until.to_rfc3339()
+                ),
+                until,
+                now,
+            )),
             None => Ok(()),
         }
     }
@@ -477,18 +472,15 @@ impl GitHub {
         else {
             return Ok(());
         };
-        let wait_s = u64::try_from((until - now).num_seconds())
-            .unwrap_or(0)
-            .clamp(1, RATE_LIMIT_WAIT_MAX_S);
-        Err(PortError::new(
-            ErrorClass::RateLimited,
+        Err(rate_limited_until(
             format!(
                 "{doing}: {holder} spent {} points of GitHub's secondary limit in the last minute; reads wait until {}",
                 self.read_points_per_minute_max,
                 until.to_rfc3339()
             ),
-        )
-        .with_retry_after(Some(wait_s)))
+            until,
+            now,
+        ))
     }
 
     /// A call authenticated as the App itself (JWT).
@@ -1015,6 +1007,14 @@ impl GitHub {
         }
         Ok(url)
     }
+}
+
+/// A request the client refuses to send before `until`, as a rate limit with the wait.
+fn rate_limited_until(message: String, until: DateTime<Utc>, now: DateTime<Utc>) -> PortError {
+    let wait_s = u64::try_from((until - now).num_seconds())
+        .unwrap_or(0)
+        .clamp(1, RATE_LIMIT_WAIT_MAX_S);
+    PortError::new(ErrorClass::RateLimited, message).with_retry_after(Some(wait_s))
 }
 
 /// The `rel="next"` URL of a `Link` header.
