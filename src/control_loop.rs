@@ -417,7 +417,8 @@ impl Controller {
                 Some((repo.clone(), registry.clone()))
             })
             .collect();
-        let registrations = takeback::read_registrations(to_read).await;
+        let registrations =
+            takeback::read_registrations(to_read, self.settings.list_concurrency_max).await;
         let judgements = self
             .memory
             .take_back

@@ -589,14 +589,31 @@ pub async fn read_registrations(
         crate::config::RepoConfig,
         std::sync::Arc<dyn RunnerRegistry>,
     )>,
+    concurrency: usize,
 ) -> BTreeMap<RepoName, Result<Vec<RunnerRegistration>, PortError>> {
+    use futures::StreamExt;
+    type Listing = (RepoName, Result<Vec<RunnerRegistration>, PortError>);
+    // Boxed so the tick's future stays `Send` (see `Controller::observe`).
+    let listings: Vec<futures::future::BoxFuture<'static, Listing>> = to_read
+        .into_iter()
+        .map(|(repo, registry)| {
+            let listing: futures::future::BoxFuture<'static, Listing> = Box::pin(async move {
+                let listing = registry.list_runners(&repo).await;
+                (repo.repo, listing)
+            });
+            listing
+        })
+        .collect();
+    let listings: Vec<Listing> = futures::stream::iter(listings)
+        .buffer_unordered(concurrency.max(1))
+        .collect()
+        .await;
     let mut out = BTreeMap::new();
-    for (repo, registry) in to_read {
-        let listing = registry.list_runners(&repo).await;
+    for (repo, listing) in listings {
         if let Err(e) = &listing {
-            warn!(repo = %repo.repo, class = e.class.as_str(), "{}", e.message);
+            warn!(repo = %repo, class = e.class.as_str(), "{}", e.message);
         }
-        out.insert(repo.repo, listing);
+        out.insert(repo, listing);
     }
     out
 }
