@@ -72,9 +72,10 @@ impl Transport {
         let octocrab = Octocrab::builder()
             .base_uri(api_url.as_str())
             .map_err(|e| format!("GitHub API URL {api_url}: {e}"))?
+            // No read or write timeout on the connection: hyper-timeout's read timer runs on
+            // while a pooled connection sits idle, so a connection reused a poll interval
+            // later failed at once ("timed out"). Every exchange is bounded in `send`.
             .set_connect_timeout(Some(timeout.min(Duration::from_secs(5))))
-            .set_read_timeout(Some(timeout))
-            .set_write_timeout(Some(timeout))
             .build()
             .map_err(|e| format!("build GitHub client for {api_url}: {e}"))?;
         Ok(Transport {
