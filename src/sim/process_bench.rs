@@ -19,8 +19,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::config::{ConfigDefaults, parse_document};
-use crate::sim::world::{SIM_CREDENTIALS, SimTwins, World, WorldOptions, burst};
+use crate::config::{Config, ConfigDefaults, parse_document};
+use crate::sim::world::{SIM_CREDENTIALS, SimTwins, World, WorldOptions, burst, fleet_repo};
 
 /// How long the daemon may take to finish its tick and exit after SIGTERM before it is
 /// killed (and the run reported as failed).
@@ -33,9 +33,92 @@ const MAXRSS_UNIT_BYTES: f64 = 1.0;
 #[cfg(not(target_os = "macos"))]
 const MAXRSS_UNIT_BYTES: f64 = 1024.0;
 
+/// Repos of the `fleet-500` world.
+pub const FLEET_REPOS: usize = 500;
+/// Repos of the fleet that get most of its jobs, at a steady pace.
+const FLEET_HOT_REPOS: usize = 10;
+/// The share of the fleet's jobs that land in its hot repos; the rest land anywhere.
+const FLEET_HOT_SHARE: f64 = 0.8;
+/// `fleet-500` polls as the issue's fleet does (and a deployment by default), when the
+/// window holds enough ticks at that pace.
+const FLEET_POLL_INTERVAL: Duration = Duration::from_secs(15);
+/// Ticks the window must hold for the fleet to poll at [`FLEET_POLL_INTERVAL`]; a shorter
+/// window polls at the demo's pace.
+const FLEET_MIN_TICKS: u32 = 8;
+/// An idle repo is read every this many poll intervals: 60 s at a 15 s poll, the daemon's
+/// default without webhooks.
+const FLEET_IDLE_POLLS: u32 = 4;
+/// `--max-concurrent-polls` of the fleet's daemon: the daemon's default.
+const FLEET_MAX_CONCURRENT_POLLS: u16 = 8;
+/// The daemon's default log filter plus the per-tick line that gives the tick's length.
+const DAEMON_LOG_FILTER: &str =
+    "info,consulrs=off,rustify=off,vaultrs=off,runner_scaler::report::record=debug";
+/// The field of the daemon's `tick recorded` line that gives the tick's wall time.
+const TICK_MS_FIELD: &str = "tick_ms=";
+
+/// The world the daemon runs against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProcessScenario {
+    /// The BRIEF document's three repos (GitHub App, Forgejo, Vault-token GitHub).
+    Demo,
+    /// [`FLEET_REPOS`] `app` repos on one installation: most idle, a few busy.
+    Fleet500,
+}
+
+impl ProcessScenario {
+    pub const ALL: [ProcessScenario; 2] = [ProcessScenario::Demo, ProcessScenario::Fleet500];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProcessScenario::Demo => "demo",
+            ProcessScenario::Fleet500 => "fleet-500",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<ProcessScenario> {
+        ProcessScenario::ALL
+            .into_iter()
+            .find(|s| s.as_str() == name)
+    }
+
+    /// `--window` when none is given: long enough for about twenty ticks.
+    pub fn default_window(self) -> Duration {
+        match self {
+            ProcessScenario::Demo => Duration::from_secs(60),
+            ProcessScenario::Fleet500 => Duration::from_secs(5 * 60),
+        }
+    }
+
+    /// The daemon's `--poll-interval` for a run of `window`.
+    pub fn poll_interval(self, window: Duration) -> Duration {
+        match self {
+            ProcessScenario::Fleet500 if window >= FLEET_POLL_INTERVAL * FLEET_MIN_TICKS => {
+                FLEET_POLL_INTERVAL
+            }
+            _ => poll_interval_for(window),
+        }
+    }
+
+    /// The daemon's `--idle-poll-interval`, when the scenario sets one.
+    fn idle_poll_interval(self, poll_interval: Duration) -> Option<Duration> {
+        match self {
+            ProcessScenario::Demo => None,
+            ProcessScenario::Fleet500 => Some(poll_interval * FLEET_IDLE_POLLS),
+        }
+    }
+
+    fn max_concurrent_polls(self) -> Option<u16> {
+        match self {
+            ProcessScenario::Demo => None,
+            ProcessScenario::Fleet500 => Some(FLEET_MAX_CONCURRENT_POLLS),
+        }
+    }
+}
+
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct ProcessBenchOptions {
+    pub scenario: ProcessScenario,
     /// Real time the daemon runs for.
     pub window: Duration,
     /// Seeds the world's job mix, arrival times and runner timings.
@@ -47,8 +130,15 @@ pub struct ProcessBenchOptions {
 #[derive(Clone, Debug, Serialize)]
 pub struct ProcessBenchReport {
     pub version: &'static str,
+    pub scenario: &'static str,
+    /// Repos in the daemon's document.
+    pub repos: usize,
     pub window_s: f64,
     pub poll_interval_s: f64,
+    /// `--idle-poll-interval` as set for the daemon; `None` leaves its default.
+    pub idle_poll_interval_s: Option<f64>,
+    /// `--max-concurrent-polls` as set for the daemon; `None` leaves its default.
+    pub max_concurrent_polls: Option<u16>,
     /// User plus system CPU time.
     pub cpu_s: f64,
     pub user_cpu_s: f64,
@@ -56,6 +146,11 @@ pub struct ProcessBenchReport {
     pub peak_rss_mib: f64,
     /// Ticks that ran on a valid document (the daemon's `poll complete` lines).
     pub ticks: usize,
+    /// Wall time of the daemon's ticks, from its `tick recorded tick_ms=` lines: from the
+    /// tick's start (observing) to its end (acted and recorded). Nearest rank.
+    pub tick_wall_ms_p50: Option<u64>,
+    pub tick_wall_ms_p99: Option<u64>,
+    pub tick_wall_ms_max: Option<u64>,
     pub dispatches: usize,
     pub purges: usize,
     pub jobs_queued: usize,
@@ -95,6 +190,11 @@ impl ProcessBenchReport {
         if self.dispatches == 0 {
             problems.push("the daemon dispatched nothing".to_string());
         }
+        if self.tick_wall_ms_max.is_none() {
+            problems.push(format!(
+                "the daemon logged no tick's length (a `{TICK_MS_FIELD}` field)"
+            ));
+        }
         problems
     }
 
@@ -104,12 +204,29 @@ impl ProcessBenchReport {
             "\nprocess bench (runner-scaler {}): `runner-scaler run` as its own process\n",
             self.version
         ));
+        out.push_str(&format!(
+            "  scenario             {} ({} repos)\n",
+            self.scenario, self.repos
+        ));
         out.push_str(&format!("  window               {:.1} s\n", self.window_s));
         out.push_str(&format!(
             "  poll interval        {:.1} s\n",
             self.poll_interval_s
         ));
+        if let Some(idle) = self.idle_poll_interval_s {
+            out.push_str(&format!("  idle poll interval   {idle:.1} s\n"));
+        }
+        if let Some(polls) = self.max_concurrent_polls {
+            out.push_str(&format!("  concurrent polls     {polls} at most\n"));
+        }
         out.push_str(&format!("  ticks                {}\n", self.ticks));
+        let ms = |v: Option<u64>| v.map_or_else(|| "-".to_string(), |v| format!("{v} ms"));
+        out.push_str(&format!(
+            "  tick wall time       p50 {}, p99 {}, max {}\n",
+            ms(self.tick_wall_ms_p50),
+            ms(self.tick_wall_ms_p99),
+            ms(self.tick_wall_ms_max)
+        ));
         out.push_str(&format!("  jobs queued          {}\n", self.jobs_queued));
         out.push_str(&format!("  jobs served          {}\n", self.jobs_served));
         out.push_str(&format!("  dispatches           {}\n", self.dispatches));
@@ -147,11 +264,18 @@ pub fn poll_interval_for(window: Duration) -> Duration {
     Duration::from_millis(millis / 100 * 100)
 }
 
-/// The demo world's movement, its timings scaled to the poll interval: runners boot within
-/// a third of a tick and run jobs of half a tick to two ticks.
-fn world_options(seed: u64, poll_interval: Duration, window: Duration) -> WorldOptions {
+/// The world's movement, its timings scaled to the poll interval. The demo's runners boot
+/// within a third of a tick and run jobs of half a tick to two ticks. The fleet's run jobs
+/// of one to four ticks (15 s to a minute at its poll) on a cluster big enough for its busy
+/// repos, and its world moves less often: the twins share the machine with the daemon.
+fn world_options(
+    scenario: ProcessScenario,
+    seed: u64,
+    poll_interval: Duration,
+    window: Duration,
+) -> WorldOptions {
     let poll = poll_interval.as_millis() as u64;
-    WorldOptions {
+    let demo = WorldOptions {
         seed,
         poll_interval,
         step: Duration::from_millis(50),
@@ -160,16 +284,101 @@ fn world_options(seed: u64, poll_interval: Duration, window: Duration) -> WorldO
         job_ms: (poll / 2, poll * 2),
         runner_idle_timeout: poll_interval * 4,
         deadline: window,
+    };
+    match scenario {
+        ProcessScenario::Demo => demo,
+        ProcessScenario::Fleet500 => WorldOptions {
+            step: Duration::from_millis(100),
+            cluster_slots: 40,
+            job_ms: (poll, poll * 4),
+            ..demo
+        },
     }
 }
 
-/// A job about every three quarters of a tick: below what the document's caps let the
-/// daemon serve, so the queue stays steady rather than growing without end.
-fn time_to_next_job(rng: &mut StdRng, poll_interval: Duration) -> Duration {
-    poll_interval.mul_f64(0.75 * rng.random_range(0.5..1.5))
+/// Where and when the world queues jobs.
+enum Arrivals {
+    /// The demo's mix of repos and label sets, a job about every three quarters of a tick:
+    /// below what the document's caps let the daemon serve, so the queue stays steady rather
+    /// than growing without end.
+    Demo(Vec<(&'static str, Vec<&'static str>)>),
+    /// A job about every third of a tick, most in the hot repos (about one a minute each at
+    /// a 15 s poll, under their cap of two in flight), the rest in any repo of the fleet:
+    /// most repos see no job in the window, some one now and then.
+    Fleet { hot: Vec<String>, repos: usize },
 }
 
-/// Runs the bench: `daemon_exe run` as a child process against the demo world's twins for
+/// The label set of every fleet job: one bucket per repo.
+const FLEET_LABELS: &[&str] = &["self-hosted"];
+
+impl Arrivals {
+    fn new(scenario: ProcessScenario, rng: &mut StdRng) -> Arrivals {
+        match scenario {
+            ProcessScenario::Demo => Arrivals::Demo(burst()),
+            ProcessScenario::Fleet500 => {
+                let mut hot: Vec<usize> = Vec::new();
+                while hot.len() < FLEET_HOT_REPOS {
+                    let i = rng.random_range(0..FLEET_REPOS);
+                    if !hot.contains(&i) {
+                        hot.push(i);
+                    }
+                }
+                Arrivals::Fleet {
+                    hot: hot.into_iter().map(fleet_repo).collect(),
+                    repos: FLEET_REPOS,
+                }
+            }
+        }
+    }
+
+    /// The job queued before the daemon starts, so that its first tick has work.
+    fn first(&self) -> (String, Vec<&'static str>) {
+        match self {
+            Arrivals::Demo(mix) => (mix[0].0.to_string(), mix[0].1.clone()),
+            Arrivals::Fleet { hot, .. } => (hot[0].clone(), FLEET_LABELS.to_vec()),
+        }
+    }
+
+    fn pick(&self, rng: &mut StdRng) -> (String, Vec<&'static str>) {
+        match self {
+            Arrivals::Demo(mix) => {
+                let (repo, labels) = &mix[rng.random_range(0..mix.len())];
+                (repo.to_string(), labels.clone())
+            }
+            Arrivals::Fleet { hot, repos } => {
+                let repo = if rng.random_bool(FLEET_HOT_SHARE) {
+                    hot[rng.random_range(0..hot.len())].clone()
+                } else {
+                    fleet_repo(rng.random_range(0..*repos))
+                };
+                (repo, FLEET_LABELS.to_vec())
+            }
+        }
+    }
+
+    fn gap(&self, rng: &mut StdRng, poll_interval: Duration) -> Duration {
+        let mean = match self {
+            Arrivals::Demo(_) => 0.75,
+            Arrivals::Fleet { .. } => 1.0 / 3.0,
+        };
+        poll_interval.mul_f64(mean * rng.random_range(0.5..1.5))
+    }
+}
+
+/// Starts the twins and sets the scenario's world up on them; returns the document.
+async fn provision(scenario: ProcessScenario) -> Result<(SimTwins, Config, usize), String> {
+    let twins = SimTwins::start().await?;
+    let document = match scenario {
+        ProcessScenario::Demo => twins.provision(),
+        ProcessScenario::Fleet500 => twins.provision_fleet(FLEET_REPOS),
+    };
+    let config = parse_document(document.as_bytes(), &ConfigDefaults::default())
+        .map_err(|errors| format!("the {} document is invalid: {errors:?}", scenario.as_str()))?;
+    let repos = config.repos.len();
+    Ok((twins, config, repos))
+}
+
+/// Runs the bench: `daemon_exe run` as a child process against the scenario's twins for
 /// `options.window`. An error is a failure to set the run up; a daemon that failed is a
 /// report whose [`ProcessBenchReport::ok`] is false.
 pub async fn run_process_bench(
@@ -179,19 +388,19 @@ pub async fn run_process_bench(
     if options.window.is_zero() {
         return Err("the window must be longer than zero".into());
     }
-    let poll_interval = poll_interval_for(options.window);
-    let world_options = world_options(options.seed, poll_interval, options.window);
-    let twins = SimTwins::start().await?;
-    let document = twins.provision();
-    let config = parse_document(document.as_bytes(), &ConfigDefaults::default())
-        .map_err(|errors| format!("the demo document is invalid: {errors:?}"))?;
+    let scenario = options.scenario;
+    let poll_interval = scenario.poll_interval(options.window);
+    let idle_poll_interval = scenario.idle_poll_interval(poll_interval);
+    let max_concurrent_polls = scenario.max_concurrent_polls();
+    let world_options = world_options(scenario, options.seed, poll_interval, options.window);
+    let (twins, config, repos) = provision(scenario).await?;
     let key_file = AppKeyFile::write(SIM_CREDENTIALS.github_app_private_key_pem)?;
 
     let mut rng = StdRng::seed_from_u64(options.seed);
-    let mix = burst();
+    let arrivals = Arrivals::new(scenario, &mut rng);
     let mut world = World::new(&twins, config, world_options.clone());
-    // The first job is there before the daemon starts, so its first tick has work.
-    world.queue_job(mix[0].0, &mix[0].1)?;
+    let (repo, labels) = arrivals.first();
+    world.queue_job(&repo, &labels)?;
 
     let mut command = Command::new(daemon_exe);
     command
@@ -204,9 +413,19 @@ pub async fn run_process_bench(
             "RUNNER_SCALER_POLL_INTERVAL",
             humantime::format_duration(poll_interval).to_string(),
         )
+        .env("RUST_LOG", DAEMON_LOG_FILTER)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
+    if let Some(idle) = idle_poll_interval {
+        command.env(
+            "RUNNER_SCALER_IDLE_POLL_INTERVAL",
+            humantime::format_duration(idle).to_string(),
+        );
+    }
+    if let Some(polls) = max_concurrent_polls {
+        command.env("RUNNER_SCALER_MAX_CONCURRENT_POLLS", polls.to_string());
+    }
     let started = Instant::now();
     let mut child = command
         .spawn()
@@ -218,7 +437,7 @@ pub async fn run_process_bench(
     let log = std::thread::spawn(move || read_daemon_log(stderr));
 
     let window_end = started + options.window;
-    let mut next_job = started + time_to_next_job(&mut rng, poll_interval);
+    let mut next_job = started + arrivals.gap(&mut rng, poll_interval);
     let mut setup_error = None;
     let mut early = None;
     while setup_error.is_none() {
@@ -234,12 +453,12 @@ pub async fn run_process_bench(
             break;
         }
         while now >= next_job {
-            let (repo, labels) = &mix[rng.random_range(0..mix.len())];
-            if let Err(e) = world.queue_job(repo, labels) {
+            let (repo, labels) = arrivals.pick(&mut rng);
+            if let Err(e) = world.queue_job(&repo, &labels) {
                 setup_error = Some(e);
                 break;
             }
-            next_job += time_to_next_job(&mut rng, poll_interval);
+            next_job += arrivals.gap(&mut rng, poll_interval);
         }
         world.step();
     }
@@ -281,15 +500,23 @@ pub async fn run_process_bench(
     let user_cpu_s = seconds(reaped.usage.ru_utime);
     let system_cpu_s = seconds(reaped.usage.ru_stime);
     let status = reaped.status;
+    let tick_ms = |percentile: f64| nearest_rank(&log.tick_ms, percentile);
     Ok(ProcessBenchReport {
         version: env!("CARGO_PKG_VERSION"),
+        scenario: scenario.as_str(),
+        repos,
         window_s: options.window.as_secs_f64(),
         poll_interval_s: poll_interval.as_secs_f64(),
+        idle_poll_interval_s: idle_poll_interval.map(|d| d.as_secs_f64()),
+        max_concurrent_polls,
         cpu_s: user_cpu_s + system_cpu_s,
         user_cpu_s,
         system_cpu_s,
         peak_rss_mib: reaped.usage.ru_maxrss as f64 * MAXRSS_UNIT_BYTES / (1024.0 * 1024.0),
         ticks: log.ticks,
+        tick_wall_ms_p50: tick_ms(0.50),
+        tick_wall_ms_p99: tick_ms(0.99),
+        tick_wall_ms_max: log.tick_ms.iter().copied().max(),
         dispatches: summary.dispatches,
         purges: summary.purges,
         jobs_queued: summary.jobs_total,
@@ -375,6 +602,8 @@ fn wait_for_exit(pid: libc::pid_t) -> std::io::Result<Reaped> {
 /// What the daemon's log showed.
 struct DaemonLog {
     ticks: usize,
+    /// Each tick's wall time, in the order logged.
+    tick_ms: Vec<u64>,
     warnings: usize,
     tail: VecDeque<String>,
 }
@@ -383,6 +612,7 @@ impl DaemonLog {
     fn unreadable(why: &str) -> DaemonLog {
         DaemonLog {
             ticks: 0,
+            tick_ms: Vec::new(),
             warnings: 0,
             tail: VecDeque::from([format!("(log unreadable: {why})")]),
         }
@@ -393,6 +623,7 @@ impl DaemonLog {
 fn read_daemon_log(stderr: impl Read) -> DaemonLog {
     let mut log = DaemonLog {
         ticks: 0,
+        tick_ms: Vec::new(),
         warnings: 0,
         tail: VecDeque::new(),
     };
@@ -412,6 +643,9 @@ fn read_daemon_log(stderr: impl Read) -> DaemonLog {
         if line.contains("poll complete") {
             log.ticks += 1;
         }
+        if let Some(ms) = tick_ms_of(&line) {
+            log.tick_ms.push(ms);
+        }
         if line.contains(" WARN ") || line.contains(" ERROR ") {
             log.warnings += 1;
         }
@@ -421,6 +655,22 @@ fn read_daemon_log(stderr: impl Read) -> DaemonLog {
         log.tail.push_back(line);
     }
     log
+}
+
+/// The `tick_ms=N` field of a log line in the daemon's text format, if it has one.
+fn tick_ms_of(line: &str) -> Option<u64> {
+    let (_, rest) = line.split_once(TICK_MS_FIELD)?;
+    let digits = rest.split(|c: char| !c.is_ascii_digit()).next()?;
+    digits.parse().ok()
+}
+
+/// The nearest-rank `percentile` (0 to 1) of `values`: the smallest value that at least
+/// that share of them do not exceed. `None` for no values.
+fn nearest_rank(values: &[u64], percentile: f64) -> Option<u64> {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    let rank = (percentile * sorted.len() as f64).ceil() as usize;
+    sorted.get(rank.clamp(1, sorted.len().max(1)) - 1).copied()
 }
 
 /// The GitHub App's key, in a file only this user can read, removed on drop: the daemon
@@ -500,13 +750,20 @@ mod tests {
     fn report() -> ProcessBenchReport {
         ProcessBenchReport {
             version: "0",
+            scenario: "demo",
+            repos: 3,
             window_s: 4.0,
             poll_interval_s: 0.5,
+            idle_poll_interval_s: None,
+            max_concurrent_polls: None,
             cpu_s: 0.1,
             user_cpu_s: 0.08,
             system_cpu_s: 0.02,
             peak_rss_mib: 20.0,
             ticks: 7,
+            tick_wall_ms_p50: Some(4),
+            tick_wall_ms_p99: Some(30),
+            tick_wall_ms_max: Some(30),
             dispatches: 3,
             purges: 2,
             jobs_queued: 6,
@@ -541,5 +798,63 @@ mod tests {
             ..report()
         };
         assert!(killed.render_text().contains("signal 9"));
+        let untimed = ProcessBenchReport {
+            tick_wall_ms_p50: None,
+            tick_wall_ms_p99: None,
+            tick_wall_ms_max: None,
+            ..report()
+        };
+        assert!(!untimed.ok());
+        assert!(untimed.render_text().contains("no tick's length"));
+    }
+
+    #[test]
+    fn tick_wall_times_are_read_from_the_daemons_tick_recorded_lines() {
+        let text = "\
+2025-01-01T00:00:01Z  INFO runner_scaler::report: poll complete queued=0 active=0 started=0
+2025-01-01T00:00:01Z DEBUG runner_scaler::report::record: tick recorded tick_ms=1834
+2025-01-01T00:00:16Z  INFO runner_scaler::report: poll complete queued=1 active=0 started=1
+2025-01-01T00:00:16Z DEBUG runner_scaler::report::record: tick recorded tick_ms=12
+2025-01-01T00:00:31Z DEBUG runner_scaler::report::record: tick recorded tick_ms=
+2025-01-01T00:00:31Z DEBUG runner_scaler::report::record: tick recorded tick_ms=7 more=1
+";
+        let log = read_daemon_log(text.as_bytes());
+        assert_eq!(log.ticks, 2);
+        assert_eq!(log.tick_ms, vec![1834, 12, 7]);
+    }
+
+    #[test]
+    fn the_percentiles_are_nearest_rank() {
+        let hundred: Vec<u64> = (1..=100).rev().collect();
+        assert_eq!(nearest_rank(&hundred, 0.50), Some(50));
+        assert_eq!(nearest_rank(&hundred, 0.99), Some(99));
+        assert_eq!(nearest_rank(&[5, 1, 3], 0.50), Some(3));
+        // Fewer than a hundred ticks: the p99 is the slowest.
+        assert_eq!(nearest_rank(&[5, 1, 3], 0.99), Some(5));
+        assert_eq!(nearest_rank(&[], 0.99), None);
+    }
+
+    #[test]
+    fn the_fleet_polls_every_15_s_unless_its_window_is_too_short() {
+        let fleet = ProcessScenario::Fleet500;
+        assert_eq!(fleet.default_window(), Duration::from_secs(300));
+        assert_eq!(
+            fleet.poll_interval(fleet.default_window()),
+            Duration::from_secs(15)
+        );
+        assert_eq!(
+            fleet.poll_interval(Duration::from_secs(5)),
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            fleet.idle_poll_interval(Duration::from_secs(15)),
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(ProcessScenario::parse("fleet-500"), Some(fleet));
+        assert_eq!(ProcessScenario::parse("idle"), None);
+        assert_eq!(
+            ProcessScenario::Demo.poll_interval(Duration::from_secs(60)),
+            Duration::from_secs(3)
+        );
     }
 }
