@@ -84,6 +84,10 @@ fn the_daemon_process_dispatches_and_purges_and_its_cpu_and_peak_rss_are_reporte
     );
     assert!(count("purges") <= count("dispatches"), "{report:#}");
     assert_tick_times(&report);
+    // Idle repos are read four times slower than busy ones, as at the daemon's defaults
+    // (15 s and 60 s), set through its environment.
+    let poll = report["poll_interval_s"].as_f64().expect("a poll interval");
+    assert_eq!(report["idle_poll_interval_s"].as_f64(), Some(poll * 4.0));
     assert_eq!(report["daemon_exit_code"], 0, "{report:#}");
     // The daemon's log is its own: none of it reaches the bench's stdout.
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -144,7 +148,7 @@ fn the_fleet_of_500_repos_runs_against_its_own_daemon_process_whose_ticks_are_ti
         "the daemon dispatched nothing for the fleet: {report:#}"
     );
     assert_tick_times(&report);
-    // A window too short for twenty 15 s ticks polls at the demo's pace, idle repos four
+    // A window too short for eight 15 s ticks polls at the demo's pace, idle repos four
     // times slower, as `--idle-poll-interval` set through the daemon's environment.
     let poll = report["poll_interval_s"].as_f64().expect("a poll interval");
     assert!(poll < 15.0, "{report:#}");

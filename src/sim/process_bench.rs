@@ -27,6 +27,8 @@ use crate::sim::world::{SIM_CREDENTIALS, SimTwins, World, WorldOptions, burst, f
 const STOP_GRACE: Duration = Duration::from_secs(30);
 /// Lines of the daemon's log kept to show when the run fails.
 const LOG_TAIL_LINES: usize = 20;
+/// WARN and ERROR lines of the daemon kept in the report.
+const FIRST_WARNINGS_KEPT: usize = 5;
 /// `ru_maxrss` is in KiB on Linux and the BSDs, in bytes on macOS.
 #[cfg(target_os = "macos")]
 const MAXRSS_UNIT_BYTES: f64 = 1.0;
@@ -46,10 +48,11 @@ const FLEET_POLL_INTERVAL: Duration = Duration::from_secs(15);
 /// window polls at the demo's pace.
 const FLEET_MIN_TICKS: u32 = 8;
 /// An idle repo is read every this many poll intervals: 60 s at a 15 s poll, the daemon's
-/// default without webhooks.
-const FLEET_IDLE_POLLS: u32 = 4;
-/// `--max-concurrent-polls` of the fleet's daemon: the daemon's default.
-const FLEET_MAX_CONCURRENT_POLLS: u16 = 8;
+/// defaults without webhooks. Left at its default of 60 s, a demo polling every 3 s would
+/// read its repos once a minute as soon as they fall idle, and see almost none of its jobs.
+const IDLE_POLLS: u32 = 4;
+/// `--max-concurrent-polls` of the daemon: its default.
+const MAX_CONCURRENT_POLLS: u16 = 8;
 /// The daemon's default log filter plus the per-tick line that gives the tick's length.
 const DAEMON_LOG_FILTER: &str =
     "info,consulrs=off,rustify=off,vaultrs=off,runner_scaler::report::record=debug";
@@ -98,21 +101,11 @@ impl ProcessScenario {
             _ => poll_interval_for(window),
         }
     }
+}
 
-    /// The daemon's `--idle-poll-interval`, when the scenario sets one.
-    fn idle_poll_interval(self, poll_interval: Duration) -> Option<Duration> {
-        match self {
-            ProcessScenario::Demo => None,
-            ProcessScenario::Fleet500 => Some(poll_interval * FLEET_IDLE_POLLS),
-        }
-    }
-
-    fn max_concurrent_polls(self) -> Option<u16> {
-        match self {
-            ProcessScenario::Demo => None,
-            ProcessScenario::Fleet500 => Some(FLEET_MAX_CONCURRENT_POLLS),
-        }
-    }
+/// The daemon's `--idle-poll-interval` at `poll_interval`: the proportion of its defaults.
+fn idle_poll_interval(poll_interval: Duration) -> Duration {
+    poll_interval * IDLE_POLLS
 }
 
 /// What to run.
@@ -135,10 +128,10 @@ pub struct ProcessBenchReport {
     pub repos: usize,
     pub window_s: f64,
     pub poll_interval_s: f64,
-    /// `--idle-poll-interval` as set for the daemon; `None` leaves its default.
-    pub idle_poll_interval_s: Option<f64>,
-    /// `--max-concurrent-polls` as set for the daemon; `None` leaves its default.
-    pub max_concurrent_polls: Option<u16>,
+    /// `--idle-poll-interval` as set for the daemon.
+    pub idle_poll_interval_s: f64,
+    /// `--max-concurrent-polls` as set for the daemon.
+    pub max_concurrent_polls: u16,
     /// User plus system CPU time.
     pub cpu_s: f64,
     pub user_cpu_s: f64,
@@ -151,12 +144,17 @@ pub struct ProcessBenchReport {
     pub tick_wall_ms_p50: Option<u64>,
     pub tick_wall_ms_p99: Option<u64>,
     pub tick_wall_ms_max: Option<u64>,
+    /// The first tick's: it reads every repo of the document and mints their tokens, where
+    /// later ticks read only the repos due.
+    pub tick_wall_ms_first: Option<u64>,
     pub dispatches: usize,
     pub purges: usize,
     pub jobs_queued: usize,
     pub jobs_served: usize,
     /// WARN and ERROR lines the daemon logged.
     pub daemon_warnings: usize,
+    /// The first of those lines, to tell a fault of the world from one of the daemon.
+    pub daemon_first_warnings: Vec<String>,
     /// The daemon's exit code, when it exited rather than being killed by a signal.
     pub daemon_exit_code: Option<i32>,
     pub daemon_signal: Option<i32>,
@@ -213,19 +211,22 @@ impl ProcessBenchReport {
             "  poll interval        {:.1} s\n",
             self.poll_interval_s
         ));
-        if let Some(idle) = self.idle_poll_interval_s {
-            out.push_str(&format!("  idle poll interval   {idle:.1} s\n"));
-        }
-        if let Some(polls) = self.max_concurrent_polls {
-            out.push_str(&format!("  concurrent polls     {polls} at most\n"));
-        }
+        out.push_str(&format!(
+            "  idle poll interval   {:.1} s\n",
+            self.idle_poll_interval_s
+        ));
+        out.push_str(&format!(
+            "  concurrent polls     {} at most\n",
+            self.max_concurrent_polls
+        ));
         out.push_str(&format!("  ticks                {}\n", self.ticks));
         let ms = |v: Option<u64>| v.map_or_else(|| "-".to_string(), |v| format!("{v} ms"));
         out.push_str(&format!(
-            "  tick wall time       p50 {}, p99 {}, max {}\n",
+            "  tick wall time       p50 {}, p99 {}, max {} (first tick {})\n",
             ms(self.tick_wall_ms_p50),
             ms(self.tick_wall_ms_p99),
-            ms(self.tick_wall_ms_max)
+            ms(self.tick_wall_ms_max),
+            ms(self.tick_wall_ms_first)
         ));
         out.push_str(&format!("  jobs queued          {}\n", self.jobs_queued));
         out.push_str(&format!("  jobs served          {}\n", self.jobs_served));
@@ -235,6 +236,9 @@ impl ProcessBenchReport {
             "  daemon warnings      {} (WARN/ERROR lines)\n",
             self.daemon_warnings
         ));
+        for line in &self.daemon_first_warnings {
+            out.push_str(&format!("    {line}\n"));
+        }
         out.push_str(&format!(
             "  cpu                  {:.3} s (user {:.3} s, system {:.3} s)\n",
             self.cpu_s, self.user_cpu_s, self.system_cpu_s
@@ -390,8 +394,7 @@ pub async fn run_process_bench(
     }
     let scenario = options.scenario;
     let poll_interval = scenario.poll_interval(options.window);
-    let idle_poll_interval = scenario.idle_poll_interval(poll_interval);
-    let max_concurrent_polls = scenario.max_concurrent_polls();
+    let idle_poll_interval = idle_poll_interval(poll_interval);
     let world_options = world_options(scenario, options.seed, poll_interval, options.window);
     let (twins, config, repos) = provision(scenario).await?;
     let key_file = AppKeyFile::write(SIM_CREDENTIALS.github_app_private_key_pem)?;
@@ -413,19 +416,18 @@ pub async fn run_process_bench(
             "RUNNER_SCALER_POLL_INTERVAL",
             humantime::format_duration(poll_interval).to_string(),
         )
+        .env(
+            "RUNNER_SCALER_IDLE_POLL_INTERVAL",
+            humantime::format_duration(idle_poll_interval).to_string(),
+        )
+        .env(
+            "RUNNER_SCALER_MAX_CONCURRENT_POLLS",
+            MAX_CONCURRENT_POLLS.to_string(),
+        )
         .env("RUST_LOG", DAEMON_LOG_FILTER)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    if let Some(idle) = idle_poll_interval {
-        command.env(
-            "RUNNER_SCALER_IDLE_POLL_INTERVAL",
-            humantime::format_duration(idle).to_string(),
-        );
-    }
-    if let Some(polls) = max_concurrent_polls {
-        command.env("RUNNER_SCALER_MAX_CONCURRENT_POLLS", polls.to_string());
-    }
     let started = Instant::now();
     let mut child = command
         .spawn()
@@ -507,8 +509,8 @@ pub async fn run_process_bench(
         repos,
         window_s: options.window.as_secs_f64(),
         poll_interval_s: poll_interval.as_secs_f64(),
-        idle_poll_interval_s: idle_poll_interval.map(|d| d.as_secs_f64()),
-        max_concurrent_polls,
+        idle_poll_interval_s: idle_poll_interval.as_secs_f64(),
+        max_concurrent_polls: MAX_CONCURRENT_POLLS,
         cpu_s: user_cpu_s + system_cpu_s,
         user_cpu_s,
         system_cpu_s,
@@ -517,11 +519,13 @@ pub async fn run_process_bench(
         tick_wall_ms_p50: tick_ms(0.50),
         tick_wall_ms_p99: tick_ms(0.99),
         tick_wall_ms_max: log.tick_ms.iter().copied().max(),
+        tick_wall_ms_first: log.tick_ms.first().copied(),
         dispatches: summary.dispatches,
         purges: summary.purges,
         jobs_queued: summary.jobs_total,
         jobs_served: summary.jobs_served,
         daemon_warnings: log.warnings,
+        daemon_first_warnings: log.first_warnings,
         daemon_exit_code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
         daemon_signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
         daemon_stopped_early: stopped_early,
@@ -605,6 +609,7 @@ struct DaemonLog {
     /// Each tick's wall time, in the order logged.
     tick_ms: Vec<u64>,
     warnings: usize,
+    first_warnings: Vec<String>,
     tail: VecDeque<String>,
 }
 
@@ -614,6 +619,7 @@ impl DaemonLog {
             ticks: 0,
             tick_ms: Vec::new(),
             warnings: 0,
+            first_warnings: Vec::new(),
             tail: VecDeque::from([format!("(log unreadable: {why})")]),
         }
     }
@@ -625,6 +631,7 @@ fn read_daemon_log(stderr: impl Read) -> DaemonLog {
         ticks: 0,
         tick_ms: Vec::new(),
         warnings: 0,
+        first_warnings: Vec::new(),
         tail: VecDeque::new(),
     };
     let mut reader = BufReader::new(stderr);
@@ -648,6 +655,9 @@ fn read_daemon_log(stderr: impl Read) -> DaemonLog {
         }
         if line.contains(" WARN ") || line.contains(" ERROR ") {
             log.warnings += 1;
+            if log.first_warnings.len() < FIRST_WARNINGS_KEPT {
+                log.first_warnings.push(line.clone());
+            }
         }
         if log.tail.len() == LOG_TAIL_LINES {
             log.tail.pop_front();
@@ -743,6 +753,8 @@ mod tests {
         let log = read_daemon_log(text.as_bytes());
         assert_eq!(log.ticks, 30);
         assert_eq!(log.warnings, 1);
+        assert_eq!(log.first_warnings.len(), 1);
+        assert!(log.first_warnings[0].contains("dispatch ci-runner: 500"));
         assert_eq!(log.tail.len(), LOG_TAIL_LINES);
         assert!(log.tail.back().unwrap().starts_with("not utf-8"));
     }
@@ -754,8 +766,8 @@ mod tests {
             repos: 3,
             window_s: 4.0,
             poll_interval_s: 0.5,
-            idle_poll_interval_s: None,
-            max_concurrent_polls: None,
+            idle_poll_interval_s: 2.0,
+            max_concurrent_polls: 8,
             cpu_s: 0.1,
             user_cpu_s: 0.08,
             system_cpu_s: 0.02,
@@ -764,11 +776,13 @@ mod tests {
             tick_wall_ms_p50: Some(4),
             tick_wall_ms_p99: Some(30),
             tick_wall_ms_max: Some(30),
+            tick_wall_ms_first: Some(30),
             dispatches: 3,
             purges: 2,
             jobs_queued: 6,
             jobs_served: 3,
             daemon_warnings: 0,
+            daemon_first_warnings: Vec::new(),
             daemon_exit_code: Some(0),
             daemon_signal: None,
             daemon_stopped_early: false,
@@ -802,6 +816,7 @@ mod tests {
             tick_wall_ms_p50: None,
             tick_wall_ms_p99: None,
             tick_wall_ms_max: None,
+            tick_wall_ms_first: None,
             ..report()
         };
         assert!(!untimed.ok());
@@ -847,8 +862,8 @@ mod tests {
             Duration::from_millis(500)
         );
         assert_eq!(
-            fleet.idle_poll_interval(Duration::from_secs(15)),
-            Some(Duration::from_secs(60))
+            idle_poll_interval(Duration::from_secs(15)),
+            Duration::from_secs(60)
         );
         assert_eq!(ProcessScenario::parse("fleet-500"), Some(fleet));
         assert_eq!(ProcessScenario::parse("idle"), None);
