@@ -74,9 +74,11 @@ fn the_daemon_process_dispatches_and_purges_and_its_cpu_and_peak_rss_are_reporte
     };
     assert!(count("ticks") >= 1, "{report:#}");
     assert!(count("jobs_queued") >= 1, "{report:#}");
+    // More than the first job's runner: a daemon that reads idle repos at its 60 s default
+    // instead of the window's pace sees no job queued after its first tick.
     assert!(
-        count("dispatches") >= 1,
-        "the daemon dispatched nothing: {report:#}"
+        count("dispatches") >= 3,
+        "the daemon dispatched too little: {report:#}"
     );
     assert!(
         count("purges") >= 1,
