@@ -146,6 +146,10 @@ pub struct SimulateArgs {
     /// How long --bench-process lets the daemon run (default 60s; 5m for fleet-500).
     #[arg(long, requires = "bench_process", value_parser = humantime::parse_duration)]
     pub window: Option<Duration>,
+    /// Round-trip time --bench-process's GitHub twin adds to each answer (default 0s: at
+    /// loopback speed), to see ticks as far from GitHub as a real host is.
+    #[arg(long, requires = "bench_process", value_parser = humantime::parse_duration)]
+    pub github_latency: Option<Duration>,
     #[arg(long)]
     pub json: bool,
 }

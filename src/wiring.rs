@@ -876,6 +876,7 @@ fn simulate_process_bench(args: SimulateArgs) -> ExitCode {
         scenario,
         window: args.window.unwrap_or(scenario.default_window()),
         seed: args.seed.unwrap_or(1),
+        github_latency: args.github_latency.unwrap_or_default(),
     };
     if options.window.is_zero() {
         eprintln!("runner-scaler simulate: --window must be longer than zero");

@@ -100,6 +100,8 @@ fn the_daemon_process_dispatches_and_purges_and_its_cpu_and_peak_rss_are_reporte
 fn a_window_without_the_process_bench_or_of_zero_is_a_bad_flag() {
     let output = simulate(&["--window", "4s"]);
     assert_eq!(output.status.code(), Some(64), "{}", shown(&output));
+    let output = simulate(&["--github-latency", "100ms"]);
+    assert_eq!(output.status.code(), Some(64), "{}", shown(&output));
     let output = simulate(&["--bench-process", "--window", "0s"]);
     assert_eq!(output.status.code(), Some(64), "{}", shown(&output));
     let output = simulate(&["--bench-process", "--window", "soon"]);

@@ -116,6 +116,8 @@ pub struct ProcessBenchOptions {
     pub window: Duration,
     /// Seeds the world's job mix, arrival times and runner timings.
     pub seed: u64,
+    /// Round-trip time of every GitHub answer; zero answers at loopback speed.
+    pub github_latency: Duration,
 }
 
 /// What one run measured. `cpu_s` and `peak_rss_mib` are the daemon's alone, as the kernel
@@ -128,6 +130,8 @@ pub struct ProcessBenchReport {
     pub repos: usize,
     pub window_s: f64,
     pub poll_interval_s: f64,
+    /// Round-trip time the GitHub twin adds to every answer.
+    pub github_latency_ms: f64,
     /// `--idle-poll-interval` as set for the daemon.
     pub idle_poll_interval_s: f64,
     /// `--max-concurrent-polls` as set for the daemon.
@@ -211,6 +215,12 @@ impl ProcessBenchReport {
             "  poll interval        {:.1} s\n",
             self.poll_interval_s
         ));
+        if self.github_latency_ms > 0.0 {
+            out.push_str(&format!(
+                "  GitHub latency       {:.0} ms a request\n",
+                self.github_latency_ms
+            ));
+        }
         out.push_str(&format!(
             "  idle poll interval   {:.1} s\n",
             self.idle_poll_interval_s
@@ -397,6 +407,7 @@ pub async fn run_process_bench(
     let idle_poll_interval = idle_poll_interval(poll_interval);
     let world_options = world_options(scenario, options.seed, poll_interval, options.window);
     let (twins, config, repos) = provision(scenario).await?;
+    twins.github.set_latency(options.github_latency);
     let key_file = AppKeyFile::write(SIM_CREDENTIALS.github_app_private_key_pem)?;
 
     let mut rng = StdRng::seed_from_u64(options.seed);
@@ -509,6 +520,7 @@ pub async fn run_process_bench(
         repos,
         window_s: options.window.as_secs_f64(),
         poll_interval_s: poll_interval.as_secs_f64(),
+        github_latency_ms: options.github_latency.as_secs_f64() * 1e3,
         idle_poll_interval_s: idle_poll_interval.as_secs_f64(),
         max_concurrent_polls: MAX_CONCURRENT_POLLS,
         cpu_s: user_cpu_s + system_cpu_s,
@@ -766,6 +778,7 @@ mod tests {
             repos: 3,
             window_s: 4.0,
             poll_interval_s: 0.5,
+            github_latency_ms: 0.0,
             idle_poll_interval_s: 2.0,
             max_concurrent_polls: 8,
             cpu_s: 0.1,
