@@ -53,6 +53,9 @@ const FLEET_MIN_TICKS: u32 = 8;
 const IDLE_POLLS: u32 = 4;
 /// `--max-concurrent-polls` of the daemon: its default.
 const MAX_CONCURRENT_POLLS: u16 = 8;
+/// What issue 9 asks of the daemon at 500 repos: peak RSS and p99 tick wall time.
+const FLEET_RSS_TARGET_MIB: u32 = 64;
+const FLEET_TICK_P99_TARGET_MS: u64 = 2_000;
 /// The daemon's default log filter plus the per-tick line that gives the tick's length.
 const DAEMON_LOG_FILTER: &str =
     "info,consulrs=off,rustify=off,vaultrs=off,runner_scaler::report::record=debug";
@@ -257,6 +260,17 @@ impl ProcessBenchReport {
             "  peak RSS             {:.1} MiB\n",
             self.peak_rss_mib
         ));
+        if self.scenario == ProcessScenario::Fleet500.as_str() {
+            let met = |yes: bool| if yes { "met" } else { "NOT met" };
+            out.push_str(&format!(
+                "  issue 9 asks         peak RSS under {FLEET_RSS_TARGET_MIB} MiB ({}), p99 tick under {} ms ({})\n",
+                met(self.peak_rss_mib < FLEET_RSS_TARGET_MIB as f64),
+                FLEET_TICK_P99_TARGET_MS,
+                met(self
+                    .tick_wall_ms_p99
+                    .is_some_and(|p99| p99 < FLEET_TICK_P99_TARGET_MS))
+            ));
+        }
         let problems = self.problems();
         if !problems.is_empty() {
             for problem in problems {
@@ -834,6 +848,21 @@ mod tests {
         };
         assert!(!untimed.ok());
         assert!(untimed.render_text().contains("no tick's length"));
+        assert!(!report().render_text().contains("issue 9"));
+        let fleet = ProcessBenchReport {
+            scenario: "fleet-500",
+            repos: 500,
+            peak_rss_mib: 27.0,
+            tick_wall_ms_p99: Some(2_000),
+            ..report()
+        };
+        assert!(
+            fleet
+                .render_text()
+                .contains("under 64 MiB (met), p99 tick under 2000 ms (NOT met)"),
+            "{}",
+            fleet.render_text()
+        );
     }
 
     #[test]
