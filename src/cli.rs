@@ -137,13 +137,19 @@ pub struct SimulateArgs {
     /// (`seed`, `ephemerd-pre-veto`), whose invariant violations are reported, not failed.
     #[arg(long, default_value = "ours")]
     pub strategy: String,
-    /// Measure the daemon's own CPU time and peak RSS: run `runner-scaler run` as its own
-    /// process against the demo world's twins for --window of real time.
+    /// Measure the daemon's own CPU time, peak RSS and tick wall times: run `runner-scaler
+    /// run` as its own process against the twins of the `demo` world (--scenario demo) or of
+    /// 500 repos on one GitHub App installation (--scenario fleet-500) for --window of real
+    /// time.
     #[arg(long, conflicts_with_all = ["bench", "seeds"])]
     pub bench_process: bool,
-    /// How long --bench-process lets the daemon run (default 60s).
+    /// How long --bench-process lets the daemon run (default 60s; 5m for fleet-500).
     #[arg(long, requires = "bench_process", value_parser = humantime::parse_duration)]
     pub window: Option<Duration>,
+    /// Round-trip time --bench-process's GitHub twin adds to each answer (default 0s: at
+    /// loopback speed), to see ticks as far from GitHub as a real host is.
+    #[arg(long, requires = "bench_process", value_parser = humantime::parse_duration)]
+    pub github_latency: Option<Duration>,
     #[arg(long)]
     pub json: bool,
 }

@@ -858,21 +858,25 @@ async fn simulate_demo(args: SimulateArgs) -> ExitCode {
     }
 }
 
-/// `simulate --bench-process`: this binary's `run` as a child process against the demo
-/// world's twins, for `--window` of real time; reports its CPU time and peak RSS.
+/// `simulate --bench-process`: this binary's `run` as a child process against the twins of
+/// the `demo` world or the `fleet-500` one, for `--window` of real time; reports its CPU
+/// time, peak RSS and tick wall times.
 #[cfg(unix)]
 fn simulate_process_bench(args: SimulateArgs) -> ExitCode {
-    use crate::sim::process_bench::{ProcessBenchOptions, poll_interval_for, run_process_bench};
-    if args.scenario != "demo" {
+    use crate::sim::process_bench::{ProcessBenchOptions, ProcessScenario, run_process_bench};
+    let Some(scenario) = ProcessScenario::parse(&args.scenario) else {
         eprintln!(
-            "runner-scaler simulate: --bench-process runs the demo world; --scenario {} is not supported with it",
+            "runner-scaler simulate: --bench-process runs the worlds {}; --scenario {} is not supported with it",
+            ProcessScenario::ALL.map(ProcessScenario::as_str).join(", "),
             args.scenario
         );
         return ExitCode::from(EXIT_BAD_SETTINGS as u8);
-    }
+    };
     let options = ProcessBenchOptions {
-        window: args.window.unwrap_or(std::time::Duration::from_secs(60)),
+        scenario,
+        window: args.window.unwrap_or(scenario.default_window()),
         seed: args.seed.unwrap_or(1),
+        github_latency: args.github_latency.unwrap_or_default(),
     };
     if options.window.is_zero() {
         eprintln!("runner-scaler simulate: --window must be longer than zero");
@@ -887,9 +891,10 @@ fn simulate_process_bench(args: SimulateArgs) -> ExitCode {
     };
     if !args.json {
         println!(
-            "running `runner-scaler run` as its own process against twins on loopback for {}, polling every {}",
+            "running `runner-scaler run` as its own process against twins on loopback ({} world) for {}, polling every {}",
+            scenario.as_str(),
             humantime::format_duration(options.window),
-            humantime::format_duration(poll_interval_for(options.window))
+            humantime::format_duration(scenario.poll_interval(options.window))
         );
     }
     match runtime().block_on(run_process_bench(&daemon_exe, &options)) {

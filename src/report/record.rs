@@ -212,6 +212,12 @@ pub fn record_tick(metrics: &Metrics, tick: &TickRecord<'_>) {
         .collect();
     metrics.observed(tick.now, tick.observed_nomad_and_forge, buckets);
     metrics.tick_ended(crate::clock::after(tick.now, tick.took), tick.took);
+    // The `poll complete` line is written before the tick's length is known; this one
+    // comes after it, for whoever times ticks from the log (`simulate --bench-process`).
+    tracing::debug!(
+        tick_ms = u64::try_from(tick.took.as_millis()).unwrap_or(u64::MAX),
+        "tick recorded"
+    );
 }
 
 fn count_failure(metrics: &Metrics, repo: &RepoName, parent: &str, stage: &str) {

@@ -292,6 +292,61 @@ impl SimTwins {
         self.consul.set(CONFIG_KEY, document.clone());
         document
     }
+
+    /// Sets a fleet of `repos` GitHub repos up (`fleet/repo-000`, …), every one `app` mode
+    /// on one installation of the App, served by the one parent `ci-runner` with a small
+    /// cap each, the way an operator with a big organisation would. Returns the document.
+    pub fn provision_fleet(&self, repos: usize) -> String {
+        self.github.install_app(FLEET_OWNER);
+        // GitHub scales an installation's hourly budget with its repos (5,000 plus 50 per
+        // repo past 20), up to 12,500 on a plan without Enterprise Cloud.
+        self.github.set_budget_limit(FLEET_INSTALLATION_BUDGET);
+        for i in 0..repos {
+            self.github.add_repo(&repo(&fleet_repo(i)));
+        }
+        // The daemon's Vault token only wraps credentials for dispatch meta: no secret to read.
+        self.vault
+            .add_token(VAULT_TOKEN, VaultPolicy::read_only(Vec::<String>::new()));
+        self.nomad.set_acl_token(Some(NOMAD_TOKEN));
+        self.nomad.register_parent(
+            FLEET_PARENT,
+            TOKEN_PARENT_META_REQUIRED,
+            PARENT_META_OPTIONAL,
+            PayloadRule::Forbidden,
+        );
+        let document = fleet_document(repos);
+        self.consul.set(CONFIG_KEY, document.clone());
+        document
+    }
+}
+
+/// The owner of every fleet repo: one installation of the App covers them all.
+pub const FLEET_OWNER: &str = "fleet";
+/// The one parent job of the fleet: `ci-runner`, the daemon's default job.
+const FLEET_PARENT: &str = "ci-runner";
+/// Each fleet repo's cap: small, as most repos of a big organisation need.
+pub const FLEET_REPO_MAX: u32 = 2;
+/// The installation's primary budget per hour: GitHub's ceiling for a scaled installation.
+const FLEET_INSTALLATION_BUDGET: u64 = 12_500;
+
+/// The `i`th repo of the fleet: `fleet/repo-007`.
+pub fn fleet_repo(i: usize) -> String {
+    format!("{FLEET_OWNER}/repo-{i:03}")
+}
+
+/// The document of a fleet of `repos` `app` repos, each with a small cap and the default
+/// parent, in the shape an operator writes it.
+pub fn fleet_document(repos: usize) -> String {
+    let entries: serde_json::Map<String, serde_json::Value> = (0..repos)
+        .map(|i| {
+            (
+                fleet_repo(i),
+                json!({ "mode": "app", "maxConcurrent": FLEET_REPO_MAX }),
+            )
+        })
+        .collect();
+    serde_json::to_string_pretty(&serde_json::Value::Object(entries))
+        .expect("a JSON object serialises")
 }
 
 fn repo(name: &str) -> RepoName {
@@ -340,15 +395,17 @@ pub struct World<'t> {
 impl<'t> World<'t> {
     /// A world over provisioned `twins` serving `config`, with no job queued yet.
     pub fn new(twins: &'t SimTwins, config: Config, options: WorldOptions) -> World<'t> {
+        let mut summary = WorldSummary {
+            seed: options.seed,
+            ..WorldSummary::default()
+        };
+        caps_at_zero(&config, &mut summary);
         World {
             twins,
             parents: config.parents(),
             config,
             rng: StdRng::seed_from_u64(options.seed),
-            summary: WorldSummary {
-                seed: options.seed,
-                ..WorldSummary::default()
-            },
+            summary,
             options,
             github_jobs: BTreeMap::new(),
             forgejo_jobs: BTreeMap::new(),
@@ -430,13 +487,7 @@ impl<'t> World<'t> {
             ) else {
                 continue;
             };
-            let Some(repo_name) = repo_url
-                .rsplitn(3, '/')
-                .collect::<Vec<_>>()
-                .get(..2)
-                .map(|p| format!("{}/{}", p[1], p[0]))
-                .and_then(|r| RepoName::parse(&r))
-            else {
+            let Some(repo_name) = repo_of_url(repo_url) else {
                 continue;
             };
             let _ = twins.nomad.place(&c.id);
@@ -685,28 +736,60 @@ fn take_forgejo_job(
     Some((*id, labels.clone()))
 }
 
+/// `owner/name` of a child's `repo_url` (`https://github.com/owner/name`, or a Forgejo's).
+fn repo_of_url(url: &str) -> Option<RepoName> {
+    let mut segments = url.trim_end_matches('/').rsplit('/');
+    let name = segments.next()?;
+    let owner = segments.next()?;
+    RepoName::parse(&format!("{owner}/{name}"))
+}
+
+/// Every cap of the document at zero in flight, so the summary shows each even if it never
+/// held a child; [`check_caps`] then records only the caps that hold some.
+fn caps_at_zero(config: &Config, summary: &mut WorldSummary) {
+    for repo_config in config.repos.values() {
+        let name = repo_config.repo.to_string();
+        record(
+            summary,
+            format!("{name} repo"),
+            0,
+            repo_config.max_concurrent,
+        );
+        for profile in &repo_config.profiles {
+            if let Some(cap) = profile.max_concurrent {
+                record(summary, format!("{name} profile {}", profile.label), 0, cap);
+            }
+        }
+    }
+}
+
+/// Counts our in-flight children per repo and per profile against their caps. The work is
+/// per child, not per repo: a fleet has hundreds of repos and few children.
 fn check_caps(
     config: &Config,
     children: &[crate::sim::twins::nomad::TwinJob],
     summary: &mut WorldSummary,
 ) {
-    let mut per_repo: BTreeMap<String, u32> = BTreeMap::new();
-    let mut per_profile: BTreeMap<String, u32> = BTreeMap::new();
+    let mut per_repo: BTreeMap<String, (u32, u32)> = BTreeMap::new();
+    let mut per_profile: BTreeMap<String, (u32, u32)> = BTreeMap::new();
     for c in children {
         if c.status == ChildStatus::Dead
             || c.meta.get("managed_by").map(String::as_str) != Some(MANAGED_BY)
         {
             continue;
         }
-        let Some(repo_config) = c.meta.get("repo_url").and_then(|url| {
-            config
-                .repos
-                .values()
-                .find(|r| url.ends_with(&format!("/{}", r.repo)))
-        }) else {
+        let Some(repo_config) = c
+            .meta
+            .get("repo_url")
+            .and_then(|url| repo_of_url(url))
+            .and_then(|name| config.repos.get(&name))
+        else {
             continue;
         };
-        *per_repo.entry(repo_config.repo.to_string()).or_default() += 1;
+        per_repo
+            .entry(repo_config.repo.to_string())
+            .or_insert((0, repo_config.max_concurrent))
+            .0 += 1;
         if let Some(labels) = c
             .meta
             .get("labels")
@@ -716,29 +799,18 @@ fn check_caps(
                 ..
             }) = repo_config.route(&labels)
         {
-            let key = format!(
-                "{} profile {}",
-                repo_config.repo, repo_config.profiles[index].label
-            );
-            *per_profile.entry(key).or_default() += 1;
-        }
-    }
-    for repo_config in config.repos.values() {
-        let name = repo_config.repo.to_string();
-        let seen = per_repo.get(&name).copied().unwrap_or(0);
-        record(
-            summary,
-            format!("{name} repo"),
-            seen,
-            repo_config.max_concurrent,
-        );
-        for profile in &repo_config.profiles {
+            let profile = &repo_config.profiles[index];
             if let Some(cap) = profile.max_concurrent {
-                let key = format!("{name} profile {}", profile.label);
-                let seen = per_profile.get(&key).copied().unwrap_or(0);
-                record(summary, key, seen, cap);
+                let key = format!("{} profile {}", repo_config.repo, profile.label);
+                per_profile.entry(key).or_insert((0, cap)).0 += 1;
             }
         }
+    }
+    for (name, (seen, cap)) in per_repo {
+        record(summary, format!("{name} repo"), seen, cap);
+    }
+    for (key, (seen, cap)) in per_profile {
+        record(summary, key, seen, cap);
     }
 }
 

@@ -12,6 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
 use axum::Router;
@@ -369,6 +370,9 @@ struct Twin {
 #[derive(Clone)]
 pub struct GitHubTwin {
     state: Arc<Mutex<Twin>>,
+    /// Round-trip time added to every answer, in microseconds: loopback answers in well
+    /// under a millisecond, GitHub across the internet in a hundred or more.
+    latency_us: Arc<AtomicU64>,
 }
 
 impl Default for GitHubTwin {
@@ -427,11 +431,19 @@ impl GitHubTwin {
                 log: Vec::new(),
                 deleted_runners: Vec::new(),
             })),
+            latency_us: Arc::new(AtomicU64::new(0)),
         })
     }
 
     fn lock(&self) -> MutexGuard<'_, Twin> {
         self.state.lock().expect("github twin lock")
+    }
+
+    /// Answers every request `latency` after it arrived (zero, the default, at once), as a
+    /// GitHub far away does; requests in flight at once wait side by side.
+    pub fn set_latency(&self, latency: std::time::Duration) {
+        let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+        self.latency_us.store(micros, Ordering::Relaxed);
     }
 
     pub fn router(&self) -> Router {
@@ -2027,12 +2039,39 @@ async fn serve(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let latency = twin.latency_us.load(Ordering::Relaxed);
+    if latency > 0 {
+        tokio::time::sleep(std::time::Duration::from_micros(latency)).await;
+    }
     twin.lock().serve(&method, &uri, &headers, &body)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_latency_delays_every_answer_by_that_much_and_none_answers_at_once() {
+        use tower::Service;
+        let twin = GitHubTwin::new();
+        let mut router = twin.router();
+        let request = || {
+            axum::http::Request::get("/repos/acme/api/actions/runs")
+                .header("user-agent", "latency-test")
+                .body(Body::empty())
+                .expect("a request")
+        };
+        let started = tokio::time::Instant::now();
+        let answer = router.call(request()).await.expect("an answer");
+        assert_eq!(answer.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(started.elapsed(), std::time::Duration::ZERO);
+
+        twin.set_latency(std::time::Duration::from_millis(120));
+        let started = tokio::time::Instant::now();
+        let answer = router.call(request()).await.expect("an answer");
+        assert_eq!(answer.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(started.elapsed(), std::time::Duration::from_millis(120));
+    }
 
     #[test]
     fn pagination_links_follow_github() {
