@@ -589,6 +589,7 @@ impl Controller {
         self.memory.polls.begin_tick(now, intervals);
         let mut stretched = BTreeMap::new();
         let mut first_reads_left = polls::first_reads_per_tick(config.repos.len(), intervals);
+        let mut due = Vec::new();
         for repo in config.repos.values() {
             let scope = Scope::Queue(repo.repo.clone());
             // A budget running low stretches the intervals of every repo that shares it.
@@ -642,7 +643,14 @@ impl Controller {
                     );
                 }
                 _ => match self.services.forge(&repo.mode) {
-                    Some(forge) => to_ask.push((repo.clone(), forge.queue.clone())),
+                    Some(forge) => {
+                        due.push(polls::DueRead {
+                            urgent: self.memory.polls.urgent(&repo.repo, now),
+                            read_at: self.memory.polls.read_at(&repo.repo),
+                            points_left: forge.queue.read_points_left(repo),
+                        });
+                        to_ask.push((repo.clone(), forge.queue.clone()));
+                    }
                     None => {
                         snapshot.repos.insert(
                             repo.repo.clone(),
@@ -656,6 +664,39 @@ impl Controller {
             }
         }
         self.report_stretched(stretched);
+        // Idle reads past their owner's points for the minute keep their turn for a later tick.
+        let (_, waiting) = polls::within_read_points(&due);
+        for i in waiting.iter().rev() {
+            let (repo, _) = to_ask.remove(*i);
+            let carried = self
+                .memory
+                .polls
+                .read_at(&repo.repo)
+                .zip(self.memory.readings.get(&repo.repo));
+            match carried {
+                Some((read_at, reading)) => {
+                    snapshot
+                        .repos
+                        .insert(repo.repo.clone(), Ok(reading.clone()));
+                    snapshot.unpolled.insert(repo.repo.clone(), read_at);
+                }
+                None => {
+                    snapshot.repos.insert(
+                        repo.repo.clone(),
+                        Err(Gap {
+                            class: ErrorClass::RateLimited,
+                            message: "not read yet: GitHub's per-minute request points are spent on busier repos this minute".into(),
+                        }),
+                    );
+                }
+            }
+        }
+        if !waiting.is_empty() {
+            debug!(
+                repos = waiting.len(),
+                "idle reads wait for the next minute's request points"
+            );
+        }
         type Queue = (RepoName, Result<RepoJobs, PortError>);
         let queues: Vec<futures::future::BoxFuture<'static, Queue>> = to_ask
             .into_iter()

@@ -76,6 +76,58 @@ pub fn first_reads_per_tick(repos: usize, intervals: PollIntervals) -> usize {
     ((repos as f64 / ticks).ceil() as usize).max(FIRST_READS_PER_TICK_MIN)
 }
 
+/// Secondary-limit points a read of a busy repo is counted at before it is made: five run
+/// listings and a job listing.
+pub const BUSY_READ_POINTS: u32 = 6;
+/// Points of an idle repo's read: one listing of its newest runs.
+pub const IDLE_READ_POINTS: u32 = 1;
+
+/// A repo due a read this tick.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DueRead {
+    /// Busy, or a webhook hinted at it: read whatever the minute's points say.
+    pub urgent: bool,
+    /// Its last read; `None` if never read.
+    pub read_at: Option<DateTime<Utc>>,
+    /// Whose secondary-limit points it spends, and how many that owner may still spend on
+    /// reads this minute; `None` where nothing is known.
+    pub points_left: Option<(String, u32)>,
+}
+
+/// Which of `due` a tick reads (indices, in the order given) and which wait for a later tick:
+/// urgent reads all go, counted first; then idle ones, longest unread first, while their
+/// owner's points for the minute last. The client would refuse a read past its owner's points
+/// anyway, with a warning per repo; here the idle ones simply keep their turn, and a fleet
+/// too large for its idle interval is read round the fleet as the minute allows.
+pub fn within_read_points(due: &[DueRead]) -> (Vec<usize>, Vec<usize>) {
+    let mut order: Vec<usize> = (0..due.len()).collect();
+    order.sort_by_key(|&i| (!due[i].urgent, due[i].read_at));
+    let mut spent: BTreeMap<&str, u32> = BTreeMap::new();
+    let (mut read, mut wait) = (Vec::new(), Vec::new());
+    for i in order {
+        let d = &due[i];
+        let Some((owner, left)) = &d.points_left else {
+            read.push(i);
+            continue;
+        };
+        let spent = spent.entry(owner.as_str()).or_default();
+        let cost = if d.urgent {
+            BUSY_READ_POINTS
+        } else {
+            IDLE_READ_POINTS
+        };
+        if d.urgent || *spent + cost <= *left {
+            *spent += cost;
+            read.push(i);
+        } else {
+            wait.push(i);
+        }
+    }
+    read.sort_unstable();
+    wait.sort_unstable();
+    (read, wait)
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PollIntervals {
     /// Repos with work.
@@ -139,6 +191,17 @@ impl PollSchedule {
         let polls = self.repos.entry(repo.clone()).or_default();
         polls.asked = true;
         polls.hinted_at = Some(now);
+    }
+
+    /// `repo` is on the busy cadence: work at its last read, children of ours, or a fresh
+    /// hint; or a hint asked for a read not made yet.
+    pub fn urgent(&self, repo: &RepoName, now: DateTime<Utc>) -> bool {
+        self.repos.get(repo).is_some_and(|p| {
+            p.busy
+                || p.asked
+                || p.hinted_at
+                    .is_some_and(|at| now < after(at, HINT_KEEPS_BUSY))
+        })
     }
 
     /// The interval `repo` is read at now: busy or idle, stretched by `stretch` (≥ 1) when
@@ -309,6 +372,40 @@ mod tests {
         schedule.begin_tick(t(15), INTERVALS);
         assert_eq!(schedule.next_read_at(&repo(), t(15), INTERVALS, 1.0), None);
         assert_eq!(schedule.next_read_at(&other, t(15), INTERVALS, 1.0), None);
+    }
+
+    #[test]
+    fn idle_reads_wait_while_the_minutes_points_are_spent_and_urgent_ones_never_do() {
+        let due = |urgent: bool, read_at: Option<i64>, left: Option<u32>| DueRead {
+            urgent,
+            read_at: read_at.map(t),
+            points_left: left.map(|left| ("installation-1".to_string(), left)),
+        };
+        // 8 points left: the busy repo (6) first, then the two idle repos read longest ago.
+        let reads = [
+            due(false, Some(30), Some(8)),
+            due(false, None, Some(8)),
+            due(true, Some(45), Some(8)),
+            due(false, Some(0), Some(8)),
+            due(false, Some(10), Some(8)),
+        ];
+        assert_eq!(within_read_points(&reads), (vec![1, 2, 3], vec![0, 4]));
+        // No points left: urgent reads still go; unknown owners are not held back.
+        let reads = [
+            due(true, Some(0), Some(0)),
+            due(false, Some(0), Some(0)),
+            due(false, Some(0), None),
+        ];
+        assert_eq!(within_read_points(&reads), (vec![0, 2], vec![1]));
+        // Owners are counted apart.
+        let mut other = due(false, Some(0), Some(1));
+        other.points_left = Some(("installation-2".into(), 1));
+        let reads = [
+            due(false, Some(0), Some(1)),
+            other,
+            due(false, Some(5), Some(1)),
+        ];
+        assert_eq!(within_read_points(&reads), (vec![0, 1], vec![2]));
     }
 
     #[test]

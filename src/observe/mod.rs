@@ -90,6 +90,13 @@ pub trait QueueSource: Send + Sync {
         None
     }
 
+    /// Whose per-minute request points `repo`'s reads spend, and how many that owner may
+    /// still spend on reads in the current minute; `None` where no such limit applies or its
+    /// owner is not known yet.
+    fn read_points_left(&self, _repo: &RepoConfig) -> Option<(String, u32)> {
+        None
+    }
+
     /// The repos of this source in the document, told before each tick's reads: a source
     /// whose credential covers many repos at once mints it for these.
     fn serving(&self, _repos: &[&RepoConfig]) {}

@@ -253,6 +253,14 @@ impl SecondaryPoints {
         Self::trim(window, now)
     }
 
+    /// The holder's points in the last minute.
+    pub fn spent(&self, holder: &BudgetHolder, now: DateTime<Utc>) -> u32 {
+        let mut spent = self.spent.lock().expect("secondary points lock");
+        spent
+            .get_mut(holder)
+            .map_or(0, |window| Self::trim(window, now))
+    }
+
     /// When a read may go out without the holder's reads passing `limit` points in a minute:
     /// `None` if now.
     pub fn read_refused_until(

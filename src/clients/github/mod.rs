@@ -1103,6 +1103,15 @@ impl QueueSource for GitHub {
         })
     }
 
+    fn read_points_left(&self, repo: &RepoConfig) -> Option<(String, u32)> {
+        let holder = self.holder_of(repo)?;
+        let spent = self.secondary.spent(&holder, self.now());
+        Some((
+            holder.metric_label(),
+            self.read_points_per_minute_max.saturating_sub(spent),
+        ))
+    }
+
     fn serving(&self, repos: &[&RepoConfig]) {
         let mut sets: HashMap<String, BTreeSet<String>> = HashMap::new();
         for repo in repos.iter().filter(|r| matches!(r.mode, Mode::App)) {

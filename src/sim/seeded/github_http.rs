@@ -1455,6 +1455,10 @@ impl QueueSource for GitHubForge {
         self.client().serving(repos);
     }
 
+    fn read_points_left(&self, repo: &RepoConfig) -> Option<(String, u32)> {
+        self.client().read_points_left(repo)
+    }
+
     fn hinted(&self, repo: &crate::model::RepoName) {
         self.client().hinted(repo);
     }
