@@ -153,6 +153,8 @@ pub(crate) struct ClientCounts {
     conditional_hits: Counter,
     rate_limit_remaining: Family<OwnerLabels, Gauge>,
     secondary_points: Family<OwnerLabels, Gauge>,
+    content_requests_minute: Family<OwnerLabels, Gauge>,
+    content_requests_hour: Family<OwnerLabels, Gauge>,
 }
 
 /// The clients' recorder. Global, unlike [`Metrics`], which is passed to the loop: a client
@@ -165,6 +167,8 @@ pub(crate) static CLIENT_COUNTS: LazyLock<ClientCounts> = LazyLock::new(|| Clien
     conditional_hits: Counter::default(),
     rate_limit_remaining: Family::default(),
     secondary_points: Family::default(),
+    content_requests_minute: Family::default(),
+    content_requests_hour: Family::default(),
 });
 
 /// Counts one request to `service`: its status, or `None` when no answer came back.
@@ -203,6 +207,22 @@ pub fn set_secondary_points(owner: &str, points: u32) {
             owner: owner.to_string(),
         })
         .set(i64::from(points));
+}
+
+/// GitHub requests of `owner` that may count against its content-creation limits (every
+/// `POST`: mints of tokens and JIT configs) in the last minute and the last hour.
+pub fn set_content_requests(owner: &str, last_minute: u32, last_hour: u32) {
+    let labels = OwnerLabels {
+        owner: owner.to_string(),
+    };
+    CLIENT_COUNTS
+        .content_requests_minute
+        .get_or_create(&labels)
+        .set(i64::from(last_minute));
+    CLIENT_COUNTS
+        .content_requests_hour
+        .get_or_create(&labels)
+        .set(i64::from(last_hour));
 }
 
 /// One bucket as `/healthz` judges it, from the last tick.
@@ -449,6 +469,16 @@ impl Metrics {
             "GitHub secondary-limit points each budget owner spent in the last 60 seconds",
             clients.secondary_points.clone(),
         );
+        registry.register(
+            "github_content_requests_last_minute",
+            "GitHub requests each budget owner sent in the last 60 seconds that may count against the content-creation limit (80 a minute)",
+            clients.content_requests_minute.clone(),
+        );
+        registry.register(
+            "github_content_requests_last_hour",
+            "GitHub requests each budget owner sent in the last hour that may count against the content-creation limit (500 an hour)",
+            clients.content_requests_hour.clone(),
+        );
         Metrics {
             registry,
             ..metrics
@@ -603,6 +633,7 @@ impl Metrics {
         CLIENT_COUNTS.conditional_hits.inc_by(0);
         set_rate_limit_remaining("app", 5000);
         set_secondary_points("app", 0);
+        set_content_requests("app", 0, 0);
         metrics
     }
 

@@ -792,3 +792,45 @@ async fn reads_stop_at_the_minutes_secondary_points() {
     assert_eq!(client.list_jobs(&repo).await.unwrap().jobs.len(), 1);
     assert_eq!(listings(&twin), 14);
 }
+
+#[tokio::test]
+async fn reaching_githubs_content_limit_is_said_once_and_holds_nothing_back() {
+    let logs = support::LogCapture::default();
+    let _guard = tracing::subscriber::set_default(logs.subscriber(tracing::Level::INFO));
+    let (twin, _server, client) = world_on_the_twins_clock().await;
+    let installation = twin.install_app("acme");
+    let repo = app_repo("acme/api");
+    twin.add_run(&repo.repo, vec![vec!["self-hosted"]]);
+    let limit = runner_scaler::clients::github::CONTENT_REQUESTS_PER_MINUTE;
+    // One write token (a POST of the App), then a JIT config (a POST of the installation)
+    // per runner: the installation's 80th in the minute reaches the limit.
+    for n in 1..=limit + 5 {
+        client
+            .mint(&repo, support::TestRunner::any().identity())
+            .await
+            .unwrap_or_else(|e| panic!("mint {n}: {e}"));
+        let said = logs
+            .text()
+            .matches("reached GitHub's content-creation limit")
+            .count();
+        assert_eq!(said, usize::from(n >= limit), "after mint {n}");
+    }
+    let line = logs
+        .text()
+        .lines()
+        .find(|l| l.contains("content-creation limit"))
+        .unwrap()
+        .to_string();
+    assert!(
+        line.contains(&format!("installation {installation}")),
+        "{line}"
+    );
+    // A minute later the count starts again; the hour still holds them all.
+    logs.clear();
+    twin.advance_clock(chrono::Duration::seconds(61));
+    client
+        .mint(&repo, support::TestRunner::any().identity())
+        .await
+        .unwrap();
+    assert!(!logs.text().contains("content-creation limit"));
+}

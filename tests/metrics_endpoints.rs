@@ -370,6 +370,21 @@ async fn metrics_are_scraped_with_their_label_sets_and_no_label_carries_an_id_or
         value(&samples, "runner_scaler_github_rate_limit_remaining", &[]).is_some(),
         "the twin sends x-ratelimit-remaining"
     );
+    // Two JIT configs, each a POST of the installation, in the last hour.
+    let content_last_hour: f64 = samples
+        .iter()
+        .filter(|s| s.metric == "runner_scaler_github_content_requests_last_hour")
+        .filter(|s| {
+            labels_of(s)
+                .get("owner")
+                .is_some_and(|o| o.starts_with("installation-"))
+        })
+        .map(|s| match s.value {
+            prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => v,
+            _ => 0.0,
+        })
+        .sum();
+    assert!(content_last_hour >= 2.0, "{text}");
 
     // Every series of a metric has exactly the label names it is documented with.
     let expected: &[(&str, &[&str])] = &[
@@ -391,6 +406,14 @@ async fn metrics_are_scraped_with_their_label_sets_and_no_label_carries_an_id_or
         ("runner_scaler_github_rate_limit_remaining", &["owner"]),
         (
             "runner_scaler_github_secondary_points_last_minute",
+            &["owner"],
+        ),
+        (
+            "runner_scaler_github_content_requests_last_minute",
+            &["owner"],
+        ),
+        (
+            "runner_scaler_github_content_requests_last_hour",
             &["owner"],
         ),
         ("runner_scaler_ticks_total", &[]),

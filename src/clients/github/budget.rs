@@ -213,6 +213,68 @@ mod tests {
     }
 }
 
+/// GitHub's secondary limits on requests that create content: "generally" no more than 80 a
+/// minute and 500 an hour. Which endpoints count is not documented; the daemon counts every
+/// `POST` (installation tokens, JIT configs, registration tokens) and holds none back: a
+/// dispatch waits on its mint, and GitHub's own refusal (403 or 429 with `retry-after`) already
+/// pauses the owner. The counts are there for operators to see the wall coming.
+pub const CONTENT_REQUESTS_PER_MINUTE: u32 = 80;
+pub const CONTENT_REQUESTS_PER_HOUR: u32 = 500;
+const CONTENT_WINDOW_HOUR: chrono::Duration = chrono::Duration::hours(1);
+
+/// Whether GitHub's content-creation limit may count a request of `method`.
+pub fn creates_content(method: &http::Method) -> bool {
+    *method == http::Method::POST
+}
+
+/// An owner's content-creating requests in the last minute and the last hour.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ContentCount {
+    pub last_minute: u32,
+    pub last_hour: u32,
+}
+
+impl ContentCount {
+    /// Whether either of GitHub's content-creation limits is reached.
+    pub fn at_limit(&self) -> bool {
+        self.last_minute >= CONTENT_REQUESTS_PER_MINUTE
+            || self.last_hour >= CONTENT_REQUESTS_PER_HOUR
+    }
+}
+
+/// When each holder sent its content-creating requests of the last hour, oldest first.
+#[derive(Default)]
+pub struct ContentRequests {
+    sent: Mutex<BTreeMap<BudgetHolder, std::collections::VecDeque<DateTime<Utc>>>>,
+}
+
+impl ContentRequests {
+    /// Counts a content-creating request of `holder` sent now; its counts with it.
+    pub fn record(&self, holder: &BudgetHolder, now: DateTime<Utc>) -> ContentCount {
+        let mut sent = self.sent.lock().expect("content requests lock");
+        let window = sent.entry(holder.clone()).or_default();
+        window.push_back(now);
+        while window
+            .front()
+            .is_some_and(|at| now - *at >= CONTENT_WINDOW_HOUR)
+        {
+            window.pop_front();
+        }
+        let count = |since: chrono::Duration| {
+            let n = window
+                .iter()
+                .rev()
+                .take_while(|at| now - **at < since)
+                .count();
+            u32::try_from(n).unwrap_or(u32::MAX)
+        };
+        ContentCount {
+            last_minute: count(SECONDARY_WINDOW),
+            last_hour: count(CONTENT_WINDOW_HOUR),
+        }
+    }
+}
+
 /// GitHub's secondary limit on REST points per minute (a `GET`, `HEAD` or `OPTIONS` is one
 /// point, anything else five; a `304` counts).
 pub const SECONDARY_POINTS_PER_MINUTE: u32 = 900;
@@ -325,5 +387,63 @@ mod secondary_tests {
         );
         // Once the POST leaves the window too, 0.
         assert_eq!(points.spend(&holder, &http::Method::GET, s(71)), 1);
+    }
+}
+
+#[cfg(test)]
+mod content_tests {
+    use super::*;
+
+    #[test]
+    fn content_requests_are_counted_per_holder_over_a_minute_and_an_hour() {
+        let content = ContentRequests::default();
+        let holder = BudgetHolder::Installation(7);
+        let t0 = DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+        let s = |n: i64| t0 + chrono::Duration::seconds(n);
+        assert!(creates_content(&http::Method::POST));
+        assert!(!creates_content(&http::Method::GET));
+        assert!(!creates_content(&http::Method::DELETE));
+        for n in 0..3 {
+            content.record(&holder, s(n));
+        }
+        assert_eq!(
+            content.record(&holder, s(30)),
+            ContentCount {
+                last_minute: 4,
+                last_hour: 4
+            }
+        );
+        // A minute on, the first three left the minute but not the hour.
+        assert_eq!(
+            content.record(&holder, s(62)),
+            ContentCount {
+                last_minute: 2,
+                last_hour: 5
+            }
+        );
+        assert_eq!(
+            content.record(&BudgetHolder::App, s(62)),
+            ContentCount {
+                last_minute: 1,
+                last_hour: 1
+            }
+        );
+        // An hour after the first, it left the hour.
+        assert_eq!(content.record(&holder, s(3600)).last_hour, 5);
+        assert!(!content.record(&holder, s(3601)).at_limit());
+        assert!(
+            ContentCount {
+                last_minute: 80,
+                last_hour: 80
+            }
+            .at_limit()
+        );
+        assert!(
+            ContentCount {
+                last_minute: 1,
+                last_hour: 500
+            }
+            .at_limit()
+        );
     }
 }

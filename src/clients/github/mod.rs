@@ -30,7 +30,7 @@ use chrono::{DateTime, Utc};
 use http::{HeaderMap, Method, StatusCode};
 use secrecy::{ExposeSecret, SecretString};
 use serde::de::DeserializeOwned;
-use tracing::{debug, instrument};
+use tracing::{debug, instrument, warn};
 use url::Url;
 
 use crate::act::{self, Deregistration, Registrar, RunnerIdentity, RunnerRegistry};
@@ -44,7 +44,11 @@ use app_auth::{
     AppSigner, InstallationToken, Installations, Permission, REPOS_PER_TOKEN_MAX, TokenCache,
     TokenKey,
 };
-pub use budget::{Budget, BudgetHolder, READ_POINTS_PER_MINUTE_MAX, RateBudgets, SecondaryPoints};
+pub use budget::{
+    Budget, BudgetHolder, CONTENT_REQUESTS_PER_HOUR, CONTENT_REQUESTS_PER_MINUTE,
+    READ_POINTS_PER_MINUTE_MAX, RateBudgets, SecondaryPoints,
+};
+use budget::{ContentRequests, creates_content};
 pub use transport::SECONDARY_LIMIT_WAIT_S;
 use transport::{Answer, RateHeaders, Target, Transport, classify, malformed};
 
@@ -227,6 +231,8 @@ pub struct GitHub {
     budgets: RateBudgets,
     /// Secondary-limit points spent per holder in the last minute.
     secondary: SecondaryPoints,
+    /// Content-creating requests per holder in the last hour.
+    content: ContentRequests,
     /// Reads stop for a holder at this many points in a minute.
     read_points_per_minute_max: u32,
     conditional: Mutex<HashMap<RepoName, HashMap<String, Conditional>>>,
@@ -339,6 +345,7 @@ impl GitHub {
             polling_tokens: Mutex::default(),
             budgets: RateBudgets::default(),
             secondary: SecondaryPoints::default(),
+            content: ContentRequests::default(),
             read_points_per_minute_max: READ_POINTS_PER_MINUTE_MAX,
             conditional: Mutex::default(),
             read_sets: Mutex::default(),
@@ -451,9 +458,28 @@ impl GitHub {
     }
 
     /// Counts a request about to be sent against its holder's secondary limit.
+    /// A content-creating one is counted for GitHub's content limits too, and the crossing of
+    /// either limit is said once: it is not held back (see [`CONTENT_REQUESTS_PER_HOUR`]).
     fn spend_points(&self, holder: &BudgetHolder, method: &Method) {
-        let points = self.secondary.spend(holder, method, self.now());
-        crate::metrics::set_secondary_points(&holder.metric_label(), points);
+        let now = self.now();
+        let points = self.secondary.spend(holder, method, now);
+        let owner = holder.metric_label();
+        crate::metrics::set_secondary_points(&owner, points);
+        if !creates_content(method) {
+            return;
+        }
+        let count = self.content.record(holder, now);
+        crate::metrics::set_content_requests(&owner, count.last_minute, count.last_hour);
+        if count.last_minute == CONTENT_REQUESTS_PER_MINUTE
+            || count.last_hour == CONTENT_REQUESTS_PER_HOUR
+        {
+            warn!(
+                owner = %owner,
+                last_minute = count.last_minute,
+                last_hour = count.last_hour,
+                "{holder} reached GitHub's content-creation limit ({CONTENT_REQUESTS_PER_MINUTE} a minute, {CONTENT_REQUESTS_PER_HOUR} an hour): its mints may be refused for a while; spread its repos over more installations if this recurs"
+            );
+        }
     }
 
     /// GitHub's secondary limit (900 points a minute) answers 403 or 429 and may block an
@@ -1143,7 +1169,7 @@ impl QueueSource for GitHub {
     ///
     /// A repo where that walk found no such run is read with one request instead of five
     /// (`quick_read`) until one of its newest runs is active, a webhook hints at it, or
-    /// [`FULL_READ_INTERVAL`] has passed: most repos of a fleet are idle most of the time, and
+    /// its hourly deep read is due ([`DEEP_READ_INTERVAL`]): most repos of a fleet are idle most of the time, and
     /// GitHub's secondary limit counts every request, `304`s included.
     #[instrument(level = "debug", skip_all, fields(repo = %repo.repo))]
     async fn list_jobs(&self, repo: &RepoConfig) -> Result<RepoJobs, PortError> {
