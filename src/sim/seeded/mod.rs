@@ -354,11 +354,10 @@ fn drive(
         ticks: 0,
         tick_wall_us: Vec::new(),
     };
-    // Webhook hints the daemon still owes a read: a delivery asks for one at once and again
-    // 2 s and 5 s later (the API can lag the webhook), at most one per repo per 2 s.
-    let mut hint_reads: BTreeMap<u64, std::collections::BTreeSet<crate::model::RepoName>> =
-        BTreeMap::new();
-    let mut last_hint_read: BTreeMap<crate::model::RepoName, u64> = BTreeMap::new();
+    // Webhook hints the daemon still owes a read, on the daemon's own schedule: a delivery
+    // asks for one at once and again 2 s and 5 s later (the API can lag the webhook), at most
+    // one per repo per 2 s, a read asked for sooner held back until then.
+    let mut hints = crate::webhook::hints::HintSchedule::default();
     let mut converged_since: Option<u64> = None;
     let mut t = 0;
     loop {
@@ -372,12 +371,7 @@ fn drive(
                 .into_iter()
                 .filter(|_| matches!(actor, Actor::Ours(_)))
             {
-                for later in [0, 2, 5] {
-                    hint_reads
-                        .entry(t + later)
-                        .or_default()
-                        .insert(repo.clone());
-                }
+                hints.hint(repo, sim_time(t));
             }
             consul.step(&mut sim);
             let config = consul.config();
@@ -407,19 +401,11 @@ fn drive(
                 }
             }
             (Actor::Ours(controller), Some(config))
-                if poll || hint_reads.first_key_value().is_some_and(|(at, _)| *at <= t) =>
+                if poll || hints.next_due().is_some_and(|at| at <= sim_time(t)) =>
             {
-                let now = chrono::DateTime::from_timestamp(EPOCH_UNIX + t as i64, 0)
-                    .expect("simulated time is in range");
-                let due = hint_reads.split_off(&(t + 1));
-                for repo in std::mem::replace(&mut hint_reads, due)
-                    .into_values()
-                    .flatten()
-                {
-                    if last_hint_read.get(&repo).is_none_or(|at| t >= at + 2) {
-                        controller.hint(&repo, now);
-                        last_hint_read.insert(repo, t);
-                    }
+                let now = sim_time(t);
+                for repo in hints.due(now) {
+                    controller.hint(&repo, now);
                 }
                 if let Some(violation) = tick_ours(
                     controller,
@@ -495,6 +481,11 @@ fn drive(
     }
 }
 
+/// The wall-clock instant of simulated second `t`.
+fn sim_time(t: u64) -> chrono::DateTime<chrono::Utc> {
+    chrono::DateTime::from_timestamp(EPOCH_UNIX + t as i64, 0).expect("simulated time is in range")
+}
+
 /// One tick of the real controller at `t`, traced; a token in its `--json` view is an I5
 /// violation.
 fn tick_ours(
@@ -506,8 +497,7 @@ fn tick_ours(
     shared: &Shared,
     tick_wall_us: &mut Vec<u64>,
 ) -> Option<Violation> {
-    let now = chrono::DateTime::from_timestamp(EPOCH_UNIX + t as i64, 0)
-        .expect("simulated time is in range");
+    let now = sim_time(t);
     // Host time of the tick alone (the services it calls are in memory, so this is the
     // daemon's own work plus the simulated services'), reported, never asserted.
     let started = Instant::now();
