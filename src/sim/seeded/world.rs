@@ -5,7 +5,9 @@
 //! runs get re-run with new job ids, a job queued for 24 hours is cancelled; an idle registered
 //! runner is offered a random queued job whose labels are all among its own, not the one it was
 //! dispatched for; status changes reach the API 0–3 s late (each job keeps a *visible* copy
-//! that catches up). Forgejo reports claims at once.
+//! that catches up); in runs with webhooks, each change of a job (queued, in progress,
+//! completed) sends a `workflow_job` delivery, lost or due 0–1 s later. Forgejo reports
+//! claims at once.
 //!
 //! Nomad as it behaves: a dispatched child is pending without an allocation; it is placed after
 //! a delay only while the cluster has room; its runner boots in 5–60 s and registers, or
@@ -530,23 +532,33 @@ impl World {
         job.queued_at_s = t as i64;
         self.counts.jobs += 1;
         let bucket = (job.repo.clone(), job.labels.clone());
-        if let Some(webhooks) = o.webhooks
-            && job.forge == ForgeKind::GitHub
-        {
-            let delivered = !self.webhook_rng.random_bool(webhooks.lost);
+        if let Some(delivered) = self.send_webhook(id, t, o) {
             self.latencies.webhook.insert(id, delivered);
-            if delivered {
-                let at = t + self
-                    .webhook_rng
-                    .random_range(webhooks.delay_s.0..=webhooks.delay_s.1);
-                self.webhooks_due
-                    .entry(at)
-                    .or_default()
-                    .push(bucket.0.clone());
-            }
         }
         self.latencies.queued(bucket, id);
         self.show(id, t, Visible::Queued, o, rng);
+    }
+
+    /// GitHub sends a `workflow_job` delivery for job `id` (queued, in progress or completed):
+    /// lost, or due 0-1 s later. Whether it was delivered; `None` in a run without webhooks
+    /// or for a Forgejo job.
+    fn send_webhook(&mut self, id: u64, t: u64, o: &Options) -> Option<bool> {
+        let webhooks = o.webhooks?;
+        let job = self.jobs.get(&id)?;
+        if job.forge != ForgeKind::GitHub {
+            return None;
+        }
+        let delivered = !self.webhook_rng.random_bool(webhooks.lost);
+        if delivered {
+            let at = t + self
+                .webhook_rng
+                .random_range(webhooks.delay_s.0..=webhooks.delay_s.1);
+            self.webhooks_due
+                .entry(at)
+                .or_default()
+                .push(job.repo.clone());
+        }
+        Some(delivered)
     }
 
     /// The repos whose `workflow_job` webhooks arrive by `t`, once each delivery.
@@ -600,10 +612,14 @@ impl World {
             return;
         };
         let was_queued = job.truth == Truth::Queued;
+        let was_listed = was_queued || matches!(job.truth, Truth::Running { .. });
         job.truth = Truth::Cancelled;
         if was_queued {
             self.counts.jobs_cancelled += 1;
             trace.record(t, format!("job {id} cancelled ({why})"));
+        }
+        if was_listed {
+            self.send_webhook(id, t, o);
         }
         self.show(id, t, Visible::Hidden, o, rng);
         // Jobs that needed it never run.
@@ -759,6 +775,7 @@ impl World {
             };
             job.truth = Truth::Completed;
             self.counts.jobs_completed += 1;
+            self.send_webhook(id, t, o);
             self.show(id, t, Visible::Hidden, o, rng);
             // The ephemeral runner deregisters and exits after its one job.
             if let Some(child) = self
@@ -866,6 +883,7 @@ impl World {
                     let submitted_s = child.submitted_s;
                     self.latencies
                         .started(&self.jobs[&job_id], job_id, t, submitted_s);
+                    self.send_webhook(job_id, t, o);
                     self.show(job_id, t, Visible::Running(runner.clone()), o, rng);
                     trace.record(
                         t,
@@ -1257,6 +1275,41 @@ mod tests {
             visible: Visible::Hidden,
             catching_up: None,
         }
+    }
+
+    #[test]
+    fn every_change_of_a_listed_job_sends_a_webhook_and_a_gated_one_none() {
+        let mut rng = StdRng::seed_from_u64(1);
+        let mut options = Scenario::Steady.options(&mut rng);
+        options.webhooks = Some(super::super::options::Webhooks {
+            lost: 0.0,
+            delay_s: (1, 1),
+        });
+        let mut world = World::new(&options, BTreeMap::new());
+        let mut trace = Trace::new(false);
+        let repo = RepoName::parse("afreidah/munchbox").expect("a repo name");
+        for id in [1, 2, 3] {
+            world.jobs.insert(id, job(&repo));
+        }
+        // Queued: its delivery arrives a second later, once.
+        world.set_queued(1, 10, &options, &mut rng);
+        assert_eq!(world.webhooks_arriving(10), Vec::<RepoName>::new());
+        assert_eq!(world.webhooks_arriving(11), [repo.clone()]);
+        assert_eq!(world.webhooks_arriving(12), Vec::<RepoName>::new());
+        // Completed.
+        world.jobs.get_mut(&1).unwrap().truth = Truth::Running {
+            runner: RunnerName("ci-runner-1".into()),
+            done_at: 20,
+        };
+        world.finish_jobs(20, &options, &mut rng, &mut trace);
+        assert_eq!(world.webhooks_arriving(21), [repo.clone()]);
+        // Cancelled while queued.
+        world.set_queued(2, 30, &options, &mut rng);
+        world.cancel(2, 30, "test", &options, &mut rng, &mut trace);
+        assert_eq!(world.webhooks_arriving(31), [repo.clone(), repo.clone()]);
+        // A gated job GitHub has not listed yet sends nothing when cancelled.
+        world.cancel(3, 40, "test", &options, &mut rng, &mut trace);
+        assert_eq!(world.webhooks_arriving(41), Vec::<RepoName>::new());
     }
 
     #[test]
