@@ -1294,7 +1294,7 @@ mod tests {
         // Queued: its delivery arrives a second later, once.
         world.set_queued(1, 10, &options, &mut rng);
         assert_eq!(world.webhooks_arriving(10), Vec::<RepoName>::new());
-        assert_eq!(world.webhooks_arriving(11), [repo.clone()]);
+        assert_eq!(world.webhooks_arriving(11), std::slice::from_ref(&repo));
         assert_eq!(world.webhooks_arriving(12), Vec::<RepoName>::new());
         // Completed.
         world.jobs.get_mut(&1).unwrap().truth = Truth::Running {
@@ -1302,7 +1302,7 @@ mod tests {
             done_at: 20,
         };
         world.finish_jobs(20, &options, &mut rng, &mut trace);
-        assert_eq!(world.webhooks_arriving(21), [repo.clone()]);
+        assert_eq!(world.webhooks_arriving(21), std::slice::from_ref(&repo));
         // Cancelled while queued.
         world.set_queued(2, 30, &options, &mut rng);
         world.cancel(2, 30, "test", &options, &mut rng, &mut trace);
