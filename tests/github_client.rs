@@ -834,3 +834,22 @@ async fn reaching_githubs_content_limit_is_said_once_and_holds_nothing_back() {
         .unwrap();
     assert!(!logs.text().contains("content-creation limit"));
 }
+
+#[tokio::test]
+async fn busy_reads_go_past_the_idle_ceiling_up_to_the_headroom() {
+    use runner_scaler::clients::github::URGENT_READ_POINTS_HEADROOM;
+    let (twin, _server, client) = world_on_the_twins_clock().await;
+    // Idle reads wait at 8 points in the minute; any read is refused at 8 + the headroom.
+    let client = client.with_read_points_per_minute(8 + URGENT_READ_POINTS_HEADROOM);
+    let installation = twin.install_app("acme");
+    let repo = app_repo("acme/api");
+    twin.add_run(&repo.repo, vec![vec!["self-hosted"]]);
+    let owner = format!("installation-{installation}");
+
+    // A quick read, five run listings and a job listing: 7 points, 1 left for idle reads.
+    assert_eq!(client.list_jobs(&repo).await.unwrap().jobs.len(), 1);
+    assert_eq!(client.read_points_left(&repo), Some((owner.clone(), 1)));
+    // The loop would hold an idle read now; a busy repo's read still goes.
+    assert_eq!(client.list_jobs(&repo).await.unwrap().jobs.len(), 1);
+    assert_eq!(client.read_points_left(&repo), Some((owner, 0)));
+}

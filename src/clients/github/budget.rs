@@ -278,10 +278,15 @@ impl ContentRequests {
 /// GitHub's secondary limit on REST points per minute (a `GET`, `HEAD` or `OPTIONS` is one
 /// point, anything else five; a `304` counts).
 pub const SECONDARY_POINTS_PER_MINUTE: u32 = 900;
-/// The most points of one holder the daemon spends on reads in any 60 seconds: the rest of
-/// GitHub's 900 is left for the writes that serve jobs (mints, deletions), which are never
-/// held back by this.
+/// The points of one holder in any 60 seconds up to which the loop reads idle repos: the
+/// rest of GitHub's 900 is left for the reads of busy and hinted repos, which estimates of a
+/// tick's cost can miss by a few listings, and for the writes that serve jobs.
 pub const READ_POINTS_PER_MINUTE_MAX: u32 = 750;
+/// Points above [`READ_POINTS_PER_MINUTE_MAX`] that reads of busy and hinted repos, and the
+/// registration listings of taking runners back, may still spend before the client refuses
+/// any read: the last 50 of GitHub's 900 stay for writes (mints, deletions), which are never
+/// held back.
+pub const URGENT_READ_POINTS_HEADROOM: u32 = 100;
 const SECONDARY_WINDOW: chrono::Duration = chrono::Duration::seconds(60);
 
 /// Points a request costs against the secondary limit.

@@ -46,7 +46,7 @@ use app_auth::{
 };
 pub use budget::{
     Budget, BudgetHolder, CONTENT_REQUESTS_PER_HOUR, CONTENT_REQUESTS_PER_MINUTE,
-    READ_POINTS_PER_MINUTE_MAX, RateBudgets, SecondaryPoints,
+    READ_POINTS_PER_MINUTE_MAX, RateBudgets, SecondaryPoints, URGENT_READ_POINTS_HEADROOM,
 };
 use budget::{ContentRequests, creates_content};
 pub use transport::SECONDARY_LIMIT_WAIT_S;
@@ -233,8 +233,11 @@ pub struct GitHub {
     secondary: SecondaryPoints,
     /// Content-creating requests per holder in the last hour.
     content: ContentRequests,
-    /// Reads stop for a holder at this many points in a minute.
+    /// Idle reads wait for a holder at this many points in a minute (the loop defers them,
+    /// through `read_points_left`).
     read_points_per_minute_max: u32,
+    /// The client refuses every read of a holder at this many points in a minute.
+    read_points_refused_at: u32,
     conditional: Mutex<HashMap<RepoName, HashMap<String, Conditional>>>,
     /// The configured `app` repo names per owner (lowercased), which shared read tokens name.
     read_sets: Mutex<HashMap<String, BTreeSet<String>>>,
@@ -347,6 +350,7 @@ impl GitHub {
             secondary: SecondaryPoints::default(),
             content: ContentRequests::default(),
             read_points_per_minute_max: READ_POINTS_PER_MINUTE_MAX,
+            read_points_refused_at: READ_POINTS_PER_MINUTE_MAX + URGENT_READ_POINTS_HEADROOM,
             conditional: Mutex::default(),
             read_sets: Mutex::default(),
             shared_refused: Mutex::default(),
@@ -364,10 +368,12 @@ impl GitHub {
         self
     }
 
-    /// Holds reads of a holder back at `points` of GitHub's secondary limit in a minute
-    /// instead of [`READ_POINTS_PER_MINUTE_MAX`] (tests).
+    /// Refuses reads of a holder at `points` of GitHub's secondary limit in a minute, and
+    /// has idle reads wait [`URGENT_READ_POINTS_HEADROOM`] short of that, instead of
+    /// [`READ_POINTS_PER_MINUTE_MAX`] and that plus the headroom (tests).
     pub fn with_read_points_per_minute(mut self, points: u32) -> GitHub {
-        self.read_points_per_minute_max = points;
+        self.read_points_refused_at = points;
+        self.read_points_per_minute_max = points.saturating_sub(URGENT_READ_POINTS_HEADROOM);
         self
     }
 
@@ -494,14 +500,14 @@ impl GitHub {
         let now = self.now();
         let Some(until) =
             self.secondary
-                .read_refused_until(holder, self.read_points_per_minute_max, now)
+                .read_refused_until(holder, self.read_points_refused_at, now)
         else {
             return Ok(());
         };
         Err(rate_limited_until(
             format!(
                 "{doing}: {holder} spent {} points of GitHub's secondary limit in the last minute; reads wait until {}",
-                self.read_points_per_minute_max,
+                self.read_points_refused_at,
                 until.to_rfc3339()
             ),
             until,
