@@ -11,6 +11,29 @@ use futures::{FutureExt, StreamExt};
 use rand::RngCore;
 use tracing::{debug, error, info, warn};
 
+/// Runs `read` on each repo with its port, at most `concurrency` at once; each answer with
+/// its repo, in the order they come. Every read is boxed so the tick's future stays `Send`
+/// (see `Controller::observe`).
+fn read_each_repo<P: Send + 'static, T: Send + 'static>(
+    to_read: Vec<(crate::config::RepoConfig, P)>,
+    concurrency: usize,
+    read: fn(crate::config::RepoConfig, P) -> futures::future::BoxFuture<'static, T>,
+) -> impl std::future::Future<Output = Vec<(RepoName, T)>> + Send {
+    let reads: Vec<futures::future::BoxFuture<'static, (RepoName, T)>> = to_read
+        .into_iter()
+        .map(|(repo, port)| {
+            let name = repo.repo.clone();
+            let answer = read(repo, port);
+            let read: futures::future::BoxFuture<'static, (RepoName, T)> =
+                Box::pin(async move { (name, answer.await) });
+            read
+        })
+        .collect();
+    futures::stream::iter(reads)
+        .buffer_unordered(concurrency.max(1))
+        .collect::<Vec<_>>()
+}
+
 pub mod polls;
 mod takeback;
 mod waits;
@@ -697,20 +720,13 @@ impl Controller {
                 "idle reads wait for the next minute's request points"
             );
         }
-        type Queue = (RepoName, Result<RepoJobs, PortError>);
-        let queues: Vec<futures::future::BoxFuture<'static, Queue>> = to_ask
-            .into_iter()
-            .map(|(repo, queue)| {
-                let queue_read: futures::future::BoxFuture<'static, Queue> = Box::pin(async move {
-                    let result = queue.list_jobs(&repo).await;
-                    (repo.repo, result)
-                });
-                queue_read
-            })
-            .collect();
-        let queues = futures::stream::iter(queues)
-            .buffer_unordered(self.settings.list_concurrency_max)
-            .collect::<Vec<_>>();
+        let queues = read_each_repo(
+            to_ask,
+            self.settings.list_concurrency_max,
+            |repo, queue: Arc<dyn QueueSource>| {
+                Box::pin(async move { queue.list_jobs(&repo).await })
+            },
+        );
 
         let (listings, queues) = futures::join!(listings, queues);
 

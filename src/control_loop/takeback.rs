@@ -591,23 +591,14 @@ pub async fn read_registrations(
     )>,
     concurrency: usize,
 ) -> BTreeMap<RepoName, Result<Vec<RunnerRegistration>, PortError>> {
-    use futures::StreamExt;
-    type Listing = (RepoName, Result<Vec<RunnerRegistration>, PortError>);
-    // Boxed so the tick's future stays `Send` (see `Controller::observe`).
-    let listings: Vec<futures::future::BoxFuture<'static, Listing>> = to_read
-        .into_iter()
-        .map(|(repo, registry)| {
-            let listing: futures::future::BoxFuture<'static, Listing> = Box::pin(async move {
-                let listing = registry.list_runners(&repo).await;
-                (repo.repo, listing)
-            });
-            listing
-        })
-        .collect();
-    let listings: Vec<Listing> = futures::stream::iter(listings)
-        .buffer_unordered(concurrency.max(1))
-        .collect()
-        .await;
+    let listings = super::read_each_repo(
+        to_read,
+        concurrency,
+        |repo, registry: std::sync::Arc<dyn RunnerRegistry>| {
+            Box::pin(async move { registry.list_runners(&repo).await })
+        },
+    )
+    .await;
     let mut out = BTreeMap::new();
     for (repo, listing) in listings {
         if let Err(e) = &listing {

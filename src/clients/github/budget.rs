@@ -245,7 +245,7 @@ impl ContentCount {
 /// When each holder sent its content-creating requests of the last hour, oldest first.
 #[derive(Default)]
 pub struct ContentRequests {
-    sent: Mutex<BTreeMap<BudgetHolder, std::collections::VecDeque<DateTime<Utc>>>>,
+    sent: Mutex<BTreeMap<BudgetHolder, Window>>,
 }
 
 impl ContentRequests {
@@ -253,26 +253,33 @@ impl ContentRequests {
     pub fn record(&self, holder: &BudgetHolder, now: DateTime<Utc>) -> ContentCount {
         let mut sent = self.sent.lock().expect("content requests lock");
         let window = sent.entry(holder.clone()).or_default();
-        window.push_back(now);
-        while window
-            .front()
-            .is_some_and(|at| now - *at >= CONTENT_WINDOW_HOUR)
-        {
-            window.pop_front();
-        }
-        let count = |since: chrono::Duration| {
-            let n = window
-                .iter()
-                .rev()
-                .take_while(|at| now - **at < since)
-                .count();
-            u32::try_from(n).unwrap_or(u32::MAX)
-        };
+        window.push_back((now, 1));
         ContentCount {
-            last_minute: count(SECONDARY_WINDOW),
-            last_hour: count(CONTENT_WINDOW_HOUR),
+            last_hour: trim(window, CONTENT_WINDOW_HOUR, now),
+            last_minute: sum_since(window, SECONDARY_WINDOW, now),
         }
     }
+}
+
+/// Requests of one holder in a window: when each was sent and what it costs, oldest first.
+type Window = std::collections::VecDeque<(DateTime<Utc>, u32)>;
+
+/// Drops from `window` what is `span` old or older; the cost of what is left.
+fn trim(window: &mut Window, span: chrono::Duration, now: DateTime<Utc>) -> u32 {
+    while window.front().is_some_and(|(at, _)| now - *at >= span) {
+        window.pop_front();
+    }
+    window.iter().map(|(_, cost)| cost).sum()
+}
+
+/// The cost of what `window` holds from the last `span`.
+fn sum_since(window: &Window, span: chrono::Duration, now: DateTime<Utc>) -> u32 {
+    window
+        .iter()
+        .rev()
+        .take_while(|(at, _)| now - *at < span)
+        .map(|(_, cost)| cost)
+        .sum()
 }
 
 /// GitHub's secondary limit on REST points per minute (a `GET`, `HEAD` or `OPTIONS` is one
@@ -305,11 +312,8 @@ pub fn secondary_points(method: &http::Method) -> u32 {
 /// are sent.
 #[derive(Default)]
 pub struct SecondaryPoints {
-    spent: Mutex<BTreeMap<BudgetHolder, PointsWindow>>,
+    spent: Mutex<BTreeMap<BudgetHolder, Window>>,
 }
-
-/// Requests of the last minute: when each was sent and its points, oldest first.
-type PointsWindow = std::collections::VecDeque<(DateTime<Utc>, u32)>;
 
 impl SecondaryPoints {
     /// Counts a request of `method` sent now; returns the holder's points in the last minute.
@@ -317,7 +321,7 @@ impl SecondaryPoints {
         let mut spent = self.spent.lock().expect("secondary points lock");
         let window = spent.entry(holder.clone()).or_default();
         window.push_back((now, secondary_points(method)));
-        Self::trim(window, now)
+        trim(window, SECONDARY_WINDOW, now)
     }
 
     /// The holder's points in the last minute.
@@ -325,7 +329,7 @@ impl SecondaryPoints {
         let mut spent = self.spent.lock().expect("secondary points lock");
         spent
             .get_mut(holder)
-            .map_or(0, |window| Self::trim(window, now))
+            .map_or(0, |window| trim(window, SECONDARY_WINDOW, now))
     }
 
     /// When a read may go out without the holder's reads passing `limit` points in a minute:
@@ -338,7 +342,7 @@ impl SecondaryPoints {
     ) -> Option<DateTime<Utc>> {
         let mut spent = self.spent.lock().expect("secondary points lock");
         let window = spent.get_mut(holder)?;
-        let mut points = Self::trim(window, now);
+        let mut points = trim(window, SECONDARY_WINDOW, now);
         if points < limit {
             return None;
         }
@@ -350,20 +354,6 @@ impl SecondaryPoints {
             }
         }
         Some(now + SECONDARY_WINDOW)
-    }
-
-    /// Drops what left the window; the points left in it.
-    fn trim(
-        window: &mut std::collections::VecDeque<(DateTime<Utc>, u32)>,
-        now: DateTime<Utc>,
-    ) -> u32 {
-        while window
-            .front()
-            .is_some_and(|(at, _)| now - *at >= SECONDARY_WINDOW)
-        {
-            window.pop_front();
-        }
-        window.iter().map(|(_, cost)| cost).sum()
     }
 }
 

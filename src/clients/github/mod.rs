@@ -203,6 +203,15 @@ enum LastRead {
     Quiet(Quiet),
 }
 
+impl LastRead {
+    fn into_quiet(self) -> Option<Quiet> {
+        match self {
+            LastRead::Busy => None,
+            LastRead::Quiet(quiet) => Some(quiet),
+        }
+    }
+}
+
 #[derive(Clone)]
 struct Quiet {
     /// When a full read last found no run that could hold a queued job (or the first quick
@@ -692,18 +701,24 @@ impl GitHub {
         (TokenKey::Installation { owner, chunk }, group)
     }
 
+    /// Which cached token serves `repo` for `permission`, and the repos it names: reads share
+    /// the installation's ([`Self::read_scope`]), a write token is the repo's own.
+    fn token_scope(&self, repo: &RepoName, permission: Permission) -> (TokenKey, Vec<String>) {
+        match permission {
+            Permission::Read => self.read_scope(repo),
+            Permission::AdministrationWrite => {
+                (TokenKey::Repo(repo.clone()), vec![repo.name().to_string()])
+            }
+        }
+    }
+
     async fn app_token(
         &self,
         repo: &RepoName,
         permission: Permission,
     ) -> Result<Credential, PortError> {
         let app = self.app(repo)?;
-        let (key, repos) = match permission {
-            Permission::Read => self.read_scope(repo),
-            Permission::AdministrationWrite => {
-                (TokenKey::Repo(repo.clone()), vec![repo.name().to_string()])
-            }
-        };
+        let (key, repos) = self.token_scope(repo, permission);
         let slot = app.tokens.slot(key.clone(), permission);
         let mut held = slot.lock().await;
         let token = match held.as_ref().filter(|t| t.serves(repo, self.now())) {
@@ -720,7 +735,7 @@ impl GitHub {
                     (Err(e), TokenKey::Installation { owner, chunk })
                         if e.class == ErrorClass::Configuration =>
                     {
-                        tracing::warn!(
+                        warn!(
                             repo = %repo,
                             "{}; reading each repo of {owner} with a token of its own until the document changes",
                             e.message
@@ -791,10 +806,7 @@ impl GitHub {
         match &repo.mode {
             Mode::App => {
                 if let Some(app) = &self.app {
-                    let key = match permission {
-                        Permission::Read => self.read_scope(&repo.repo).0,
-                        Permission::AdministrationWrite => TokenKey::Repo(repo.repo.clone()),
-                    };
+                    let (key, _) = self.token_scope(&repo.repo, permission);
                     let slot = app.tokens.slot(key, permission);
                     let mut held = slot.lock().await;
                     if held.as_ref().is_some_and(|t| same(&t.token)) {
@@ -1202,26 +1214,24 @@ impl QueueSource for GitHub {
             }
             // The first read of a repo is quick too: at a restart, hundreds of repos are read
             // within minutes, at one request each instead of five.
-            Some(LastRead::Quiet(_)) | None => {
-                let quiet = match last {
-                    Some(LastRead::Quiet(quiet)) => Some(quiet),
-                    _ => None,
-                };
+            quiet_or_unread => {
+                let quiet = quiet_or_unread.and_then(LastRead::into_quiet);
                 match self.quick_read(repo, quiet, now).await? {
                     QuickRead::Quiet => return Ok(RepoJobs::default()),
                     QuickRead::Active => &RUN_STATUSES_WITH_QUEUED_JOBS,
                 }
             }
         };
-        let jobs = self.full_read(repo, statuses).await?;
+        let (jobs, no_runs) = self.full_read(repo, statuses).await?;
         let mut last_reads = self.last_reads.lock().expect("last reads lock");
-        let found = if jobs.1 {
+        let found = if no_runs {
             // Runs active on the newest page but in no status that can hold a queued job
             // (`action_required`, say) leave the page unchanged until they move.
-            let newest = match last_reads.remove(&repo.repo) {
-                Some(LastRead::Quiet(quiet)) => quiet.newest.map(|(etag, _)| (etag, false)),
-                _ => None,
-            };
+            let newest = last_reads
+                .remove(&repo.repo)
+                .and_then(LastRead::into_quiet)
+                .and_then(|quiet| quiet.newest)
+                .map(|(etag, _)| (etag, false));
             LastRead::Quiet(Quiet {
                 deep_read_at: now,
                 newest,
@@ -1230,7 +1240,7 @@ impl QueueSource for GitHub {
             LastRead::Busy
         };
         last_reads.insert(repo.repo.clone(), found);
-        Ok(jobs.0)
+        Ok(jobs)
     }
 }
 
