@@ -135,9 +135,12 @@ job() {{
   wait $!
   echo done > "$r/job.done"
 }}
-got=
-trap 'got=INT' INT
-trap 'got=TERM' TERM
+# The trap also ends the sleep being waited for: a signal handled just before `wait` starts
+# (bash runs traps between commands) would otherwise leave the wait to run its full length.
+got= s=
+stop() {{ got=$1; [ -n "$s" ] && kill "$s" 2>/dev/null; }}
+trap 'stop INT' INT
+trap 'stop TERM' TERM
 case {mode} in
   job) job loud; exit 0 ;;
   quiet-job) job quiet; exit 0 ;;
@@ -145,7 +148,7 @@ esac
 : > "$r/listening"
 while [ -z "$got" ]; do
   sleep 600 & s=$!
-  wait $s
+  [ -n "$got" ] || wait $s
   kill $s 2>/dev/null
 done
 echo "$got" >> "$r/run.signals"
@@ -248,12 +251,19 @@ fn finish(child: Child) -> Finished {
         Err(_) => {
             // SAFETY: kill(2) on our own child's pid, which the waiting thread has not reaped.
             unsafe { libc::kill(pid, libc::SIGKILL) };
-            let output = done.recv().unwrap().unwrap();
-            panic!(
-                "the entrypoint did not exit within {DEADLINE:?}\nstdout:\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            );
+            // The stand-in runner lives in its own process group and may keep the pipes open
+            // long after the entrypoint is gone: give up on its output rather than wait it out.
+            match done.recv_timeout(Duration::from_secs(5)) {
+                Ok(Ok(output)) => panic!(
+                    "the entrypoint did not exit within {DEADLINE:?}\nstdout:\n{}\nstderr:\n{}",
+                    String::from_utf8_lossy(&output.stdout),
+                    String::from_utf8_lossy(&output.stderr)
+                ),
+                _ => panic!(
+                    "the entrypoint did not exit within {DEADLINE:?}, and a process it started \
+                     still holds its output"
+                ),
+            }
         }
     };
     Finished {
