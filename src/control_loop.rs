@@ -670,7 +670,7 @@ impl Controller {
                         due.push(polls::DueRead {
                             urgent: self.memory.polls.urgent(&repo.repo, now),
                             read_at: self.memory.polls.read_at(&repo.repo),
-                            points_left: forge.queue.read_points_left(repo),
+                            points: forge.queue.read_points(repo),
                         });
                         to_ask.push((repo.clone(), forge.queue.clone()));
                     }

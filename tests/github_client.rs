@@ -11,7 +11,7 @@ use runner_scaler::act::Registrar;
 use runner_scaler::clients::github::{AppCredentials, GitHub, GitHubSettings};
 use runner_scaler::config::{Mode, RepoConfig};
 use runner_scaler::model::{ErrorClass, RepoName, RunnerName};
-use runner_scaler::observe::{JobState, PortError, QueueSource};
+use runner_scaler::observe::{JobState, PortError, QueueSource, ReadPoints};
 use runner_scaler::secrets::{ExposeSecret, SecretSource, SecretString};
 use runner_scaler::sim::twins::TwinServer;
 use runner_scaler::sim::twins::github::{
@@ -846,10 +846,37 @@ async fn busy_reads_go_past_the_idle_ceiling_up_to_the_headroom() {
     twin.add_run(&repo.repo, vec![vec!["self-hosted"]]);
     let owner = format!("installation-{installation}");
 
-    // A quick read, five run listings and a job listing: 7 points, 1 left for idle reads.
+    let points = |left: u32, next_read: u32| {
+        Some(ReadPoints {
+            owner: owner.clone(),
+            left,
+            next_read,
+        })
+    };
+    // A quick read, five run listings and a job listing: 7 points, 1 left for idle reads;
+    // the repo is busy now, and its next read lists the same five statuses and one run.
     assert_eq!(client.list_jobs(&repo).await.unwrap().jobs.len(), 1);
-    assert_eq!(client.read_points_left(&repo), Some((owner.clone(), 1)));
+    assert_eq!(client.read_points(&repo), points(1, 6));
     // The loop would hold an idle read now; a busy repo's read still goes.
     assert_eq!(client.list_jobs(&repo).await.unwrap().jobs.len(), 1);
-    assert_eq!(client.read_points_left(&repo), Some((owner, 0)));
+    assert_eq!(client.read_points(&repo), points(0, 6));
+}
+
+#[tokio::test]
+async fn a_busy_repos_next_read_is_counted_at_what_its_last_one_took() {
+    let (twin, _server, client) = world_on_the_twins_clock().await;
+    let installation = twin.install_app("acme");
+    let repo = app_repo("acme/api");
+    for _ in 0..4 {
+        twin.add_run(&repo.repo, vec![vec!["self-hosted"]]);
+    }
+    let owner = format!("installation-{installation}");
+    assert_eq!(client.list_jobs(&repo).await.unwrap().jobs.len(), 4);
+    // Five run listings and four runs' jobs.
+    let next = client.read_points(&repo).unwrap();
+    assert_eq!((next.owner.as_str(), next.next_read), (owner.as_str(), 9));
+    // A hint on a repo never read in full: a full read, at least one run's jobs.
+    let quiet = app_repo("acme/web");
+    client.hinted(&quiet.repo);
+    assert_eq!(client.read_points(&quiet).unwrap().next_read, 6);
 }

@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 
 use crate::clock::after;
 use crate::model::RepoName;
-use crate::observe::BudgetReading;
+use crate::observe::{BudgetReading, ReadPoints};
 
 /// `--idle-poll-interval` when it is not set and no webhook is received.
 pub const IDLE_POLL_INTERVAL_DEFAULT: Duration = Duration::from_secs(60);
@@ -76,12 +76,6 @@ pub fn first_reads_per_tick(repos: usize, intervals: PollIntervals) -> usize {
     ((repos as f64 / ticks).ceil() as usize).max(FIRST_READS_PER_TICK_MIN)
 }
 
-/// Secondary-limit points a read of a busy repo is counted at before it is made: five run
-/// listings and a job listing.
-pub const BUSY_READ_POINTS: u32 = 6;
-/// Points of an idle repo's read: one listing of its newest runs.
-pub const IDLE_READ_POINTS: u32 = 1;
-
 /// A repo due a read this tick.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DueRead {
@@ -89,14 +83,15 @@ pub struct DueRead {
     pub urgent: bool,
     /// Its last read; `None` if never read.
     pub read_at: Option<DateTime<Utc>>,
-    /// Whose secondary-limit points it spends, and how many that owner may still spend on
-    /// reads this minute; `None` where nothing is known.
-    pub points_left: Option<(String, u32)>,
+    /// Whose secondary-limit points it spends, how many that owner may still spend on reads
+    /// this minute, and what this read will likely cost; `None` where nothing is known.
+    pub points: Option<ReadPoints>,
 }
 
 /// Which of `due` a tick reads (indices, in the order given) and which wait for a later tick:
-/// urgent reads all go, counted first; then idle ones, longest unread first, while their
-/// owner's points for the minute last. The client would refuse a read past its owner's points
+/// urgent reads all go, counted first at what each will likely cost (a repo with ten active
+/// runs lists five statuses and ten runs' jobs); then idle ones, longest unread first, while
+/// their owner's points for the minute last. The client would refuse a read past its owner's points
 /// anyway, with a warning per repo; here the idle ones simply keep their turn, and a fleet
 /// too large for its idle interval is read round the fleet as the minute allows.
 pub fn within_read_points(due: &[DueRead]) -> (Vec<usize>, Vec<usize>) {
@@ -106,18 +101,13 @@ pub fn within_read_points(due: &[DueRead]) -> (Vec<usize>, Vec<usize>) {
     let (mut read, mut wait) = (Vec::new(), Vec::new());
     for i in order {
         let d = &due[i];
-        let Some((owner, left)) = &d.points_left else {
+        let Some(points) = &d.points else {
             read.push(i);
             continue;
         };
-        let spent = spent.entry(owner.as_str()).or_default();
-        let cost = if d.urgent {
-            BUSY_READ_POINTS
-        } else {
-            IDLE_READ_POINTS
-        };
-        if d.urgent || *spent + cost <= *left {
-            *spent += cost;
+        let spent = spent.entry(points.owner.as_str()).or_default();
+        if d.urgent || *spent + points.next_read <= points.left {
+            *spent += points.next_read;
             read.push(i);
         } else {
             wait.push(i);
@@ -379,7 +369,11 @@ mod tests {
         let due = |urgent: bool, read_at: Option<i64>, left: Option<u32>| DueRead {
             urgent,
             read_at: read_at.map(t),
-            points_left: left.map(|left| ("installation-1".to_string(), left)),
+            points: left.map(|left| ReadPoints {
+                owner: "installation-1".to_string(),
+                left,
+                next_read: if urgent { 6 } else { 1 },
+            }),
         };
         // 8 points left: the busy repo (6) first, then the two idle repos read longest ago.
         let reads = [
@@ -390,6 +384,21 @@ mod tests {
             due(false, Some(10), Some(8)),
         ];
         assert_eq!(within_read_points(&reads), (vec![1, 2, 3], vec![0, 4]));
+        // Each read is counted at its own cost: a busy repo with many active runs leaves no
+        // room, and an idle repo due its hourly deep read costs two.
+        let mut costly = due(true, Some(45), Some(8));
+        costly.points.as_mut().unwrap().next_read = 8;
+        let mut deep = due(false, Some(0), Some(8));
+        deep.points.as_mut().unwrap().next_read = 2;
+        assert_eq!(
+            within_read_points(&[due(false, Some(30), Some(8)), costly.clone()]),
+            (vec![1], vec![0])
+        );
+        costly.points.as_mut().unwrap().next_read = 6;
+        assert_eq!(
+            within_read_points(&[deep, costly, due(false, Some(10), Some(8))]),
+            (vec![0, 1], vec![2])
+        );
         // No points left: urgent reads still go; unknown owners are not held back.
         let reads = [
             due(true, Some(0), Some(0)),
@@ -399,7 +408,7 @@ mod tests {
         assert_eq!(within_read_points(&reads), (vec![0, 2], vec![1]));
         // Owners are counted apart.
         let mut other = due(false, Some(0), Some(1));
-        other.points_left = Some(("installation-2".into(), 1));
+        other.points.as_mut().unwrap().owner = "installation-2".into();
         let reads = [
             due(false, Some(0), Some(1)),
             other,

@@ -90,10 +90,10 @@ pub trait QueueSource: Send + Sync {
         None
     }
 
-    /// Whose per-minute request points `repo`'s reads spend, and how many that owner may
-    /// still spend on reads in the current minute; `None` where no such limit applies or its
-    /// owner is not known yet.
-    fn read_points_left(&self, _repo: &RepoConfig) -> Option<(String, u32)> {
+    /// Whose per-minute request points `repo`'s reads spend, how many that owner may still
+    /// spend on reads in the current minute, and what `repo`'s next read will likely cost;
+    /// `None` where no such limit applies or its owner is not known yet.
+    fn read_points(&self, _repo: &RepoConfig) -> Option<ReadPoints> {
         None
     }
 
@@ -104,6 +104,18 @@ pub trait QueueSource: Send + Sync {
     /// A webhook said something happened in `repo`: its next read is a full one, never a
     /// shortcut from an earlier reading.
     fn hinted(&self, _repo: &RepoName) {}
+}
+
+/// A repo's read against its owner's per-minute request points.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadPoints {
+    /// Whose points the read spends (a metric label: `installation-42`).
+    pub owner: String,
+    /// What that owner may still spend on reads in the current minute.
+    pub left: u32,
+    /// What the repo's next read will likely cost: the requests its last read of the same
+    /// depth took.
+    pub next_read: u32,
 }
 
 /// One rate-limit budget as last reported (`x-ratelimit-*`).

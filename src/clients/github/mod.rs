@@ -37,7 +37,9 @@ use crate::act::{self, Deregistration, Registrar, RunnerIdentity, RunnerRegistry
 use crate::clients::http::REQUEST_TIMEOUT_DEFAULT;
 use crate::config::{CredentialKind, Mode, RepoConfig};
 use crate::model::{ErrorClass, RATE_LIMIT_WAIT_MAX_S, RepoName, RunnerName};
-use crate::observe::{ForgeJob, JobState, PortError, QueueSource, RepoJobs, RunnerRegistration};
+use crate::observe::{
+    ForgeJob, JobState, PortError, QueueSource, ReadPoints, RepoJobs, RunnerRegistration,
+};
 use crate::secrets::SecretSource;
 
 use app_auth::{
@@ -76,6 +78,9 @@ pub const DEEP_READ_INTERVAL: chrono::Duration = chrono::Duration::hours(1);
 /// What a deep read of a quiet repo lists: a re-run run is `queued`, or `in_progress` once a
 /// job of it started. (Runs held at a gate were there before and were seen busy.)
 const DEEP_READ_STATUSES: [&str; 2] = ["queued", "in_progress"];
+/// A full read of a repo not read in full before: one listing per status, and at least one
+/// run's jobs (it was hinted at, so something moved).
+const FULL_READ_REQUESTS_AT_LEAST: u32 = RUN_STATUSES_WITH_QUEUED_JOBS.len() as u32 + 1;
 /// The Vault field holding a polling token.
 pub const POLLING_TOKEN_FIELD: &str = "token";
 
@@ -197,8 +202,8 @@ struct Conditional {
 /// What the last read of a repo's queue found, which decides how the next one reads it.
 #[derive(Clone)]
 enum LastRead {
-    /// Runs that can hold a queued job: read in full.
-    Busy,
+    /// Runs that can hold a queued job: read in full, which took this many requests.
+    Busy { requests: u32 },
     /// None: read quickly until something moves.
     Quiet(Quiet),
 }
@@ -206,7 +211,7 @@ enum LastRead {
 impl LastRead {
     fn into_quiet(self) -> Option<Quiet> {
         match self {
-            LastRead::Busy => None,
+            LastRead::Busy { .. } => None,
             LastRead::Quiet(quiet) => Some(quiet),
         }
     }
@@ -304,6 +309,8 @@ struct Listing<T> {
     total_count: u64,
     /// Stopped at [`PAGES_MAX`] with pages left.
     capped: bool,
+    /// Pages requested.
+    pages: u32,
 }
 
 impl GitHub {
@@ -990,12 +997,14 @@ impl GitHub {
             items: Vec::new(),
             total_count: 0,
             capped: false,
+            pages: 0,
         };
         let mut target = Target::Path(first.to_string());
         for page_number in 1..=PAGES_MAX {
             let (headers, body) = self
                 .get_page(repo, permission, &target, doing, seen.as_deref_mut())
                 .await?;
+            listing.pages += 1;
             let page: P = serde_json::from_str(&body).map_err(|e| malformed(doing, &e))?;
             listing.total_count = listing.total_count.max(page.total_count());
             let page_total = page.total_count();
@@ -1147,13 +1156,15 @@ impl QueueSource for GitHub {
         })
     }
 
-    fn read_points_left(&self, repo: &RepoConfig) -> Option<(String, u32)> {
+    fn read_points(&self, repo: &RepoConfig) -> Option<ReadPoints> {
         let holder = self.holder_of(repo)?;
-        let spent = self.secondary.spent(&holder, self.now());
-        Some((
-            holder.metric_label(),
-            self.read_points_per_minute_max.saturating_sub(spent),
-        ))
+        let now = self.now();
+        let spent = self.secondary.spent(&holder, now);
+        Some(ReadPoints {
+            owner: holder.metric_label(),
+            left: self.read_points_per_minute_max.saturating_sub(spent),
+            next_read: self.next_read_requests(&repo.repo, now),
+        })
     }
 
     fn serving(&self, repos: &[&RepoConfig]) {
@@ -1208,7 +1219,7 @@ impl QueueSource for GitHub {
             .cloned();
         let statuses: &[&str] = match last {
             _ if hinted || !self.conditional_requests => &RUN_STATUSES_WITH_QUEUED_JOBS,
-            Some(LastRead::Busy) => &RUN_STATUSES_WITH_QUEUED_JOBS,
+            Some(LastRead::Busy { .. }) => &RUN_STATUSES_WITH_QUEUED_JOBS,
             Some(LastRead::Quiet(quiet)) if now - quiet.deep_read_at >= DEEP_READ_INTERVAL => {
                 &DEEP_READ_STATUSES
             }
@@ -1222,7 +1233,7 @@ impl QueueSource for GitHub {
                 }
             }
         };
-        let (jobs, no_runs) = self.full_read(repo, statuses).await?;
+        let (jobs, no_runs, requests) = self.full_read(repo, statuses).await?;
         let mut last_reads = self.last_reads.lock().expect("last reads lock");
         let found = if no_runs {
             // Runs active on the newest page but in no status that can hold a queued job
@@ -1237,7 +1248,7 @@ impl QueueSource for GitHub {
                 newest,
             })
         } else {
-            LastRead::Busy
+            LastRead::Busy { requests }
         };
         last_reads.insert(repo.repo.clone(), found);
         Ok(jobs)
@@ -1245,6 +1256,31 @@ impl QueueSource for GitHub {
 }
 
 impl GitHub {
+    /// The requests `repo`'s next [`QueueSource::list_jobs`] will likely take, read from the
+    /// same memory that decides how deep it reads: a busy repo as many as its last full read,
+    /// a quiet one one (its newest runs), or one per status when its deep read is due.
+    fn next_read_requests(&self, repo: &RepoName, now: DateTime<Utc>) -> u32 {
+        let hinted = self
+            .hinted
+            .lock()
+            .expect("hinted repos lock")
+            .contains(repo);
+        let last = self
+            .last_reads
+            .lock()
+            .expect("last reads lock")
+            .get(repo)
+            .cloned();
+        match last {
+            Some(LastRead::Busy { requests }) => requests,
+            _ if hinted || !self.conditional_requests => FULL_READ_REQUESTS_AT_LEAST,
+            Some(LastRead::Quiet(quiet)) if now - quiet.deep_read_at >= DEEP_READ_INTERVAL => {
+                DEEP_READ_STATUSES.len() as u32
+            }
+            _ => 1,
+        }
+    }
+
     /// `GET …/actions/runs?per_page=100`, conditionally: one request (a `304` when nothing
     /// changed) that says whether any of the newest runs is still active.
     async fn quick_read(
@@ -1312,17 +1348,19 @@ impl GitHub {
         })
     }
 
-    /// BRIEF step 2 in full; also says whether no run could hold a queued job.
+    /// BRIEF step 2 in full; also says whether no run could hold a queued job, and how many
+    /// requests the read took.
     async fn full_read(
         &self,
         repo: &RepoConfig,
         statuses: &[&str],
-    ) -> Result<(RepoJobs, bool), PortError> {
+    ) -> Result<(RepoJobs, bool, u32), PortError> {
         let (owner, name) = (repo.repo.owner(), repo.repo.name());
         let mut seen = HashMap::new();
         let mut truncated = false;
         let mut runs = Vec::new();
         let mut run_ids = HashSet::new();
+        let mut requests = 0;
         for status in statuses {
             let doing = format!("list {status} runs of {}", repo.repo);
             let first =
@@ -1330,6 +1368,7 @@ impl GitHub {
             let listing = self
                 .walk::<wire::RunsPage>(repo, Permission::Read, &first, &doing, Some(&mut seen))
                 .await?;
+            requests += listing.pages;
             truncated |= listing.capped || listing.total_count >= RUN_SEARCH_CAP;
             for run in listing.items {
                 if run_ids.insert(run.id) {
@@ -1351,9 +1390,13 @@ impl GitHub {
             {
                 Ok(listing) => listing,
                 // The run was deleted between the two listings: it has no jobs left to run.
-                Err(e) if e.class == ErrorClass::NotFound => continue,
+                Err(e) if e.class == ErrorClass::NotFound => {
+                    requests += 1;
+                    continue;
+                }
                 Err(e) => return Err(e),
             };
+            requests += listing.pages;
             truncated |= listing.capped;
             for job in listing.items {
                 if job_ids.insert(job.id)
@@ -1369,7 +1412,7 @@ impl GitHub {
             .lock()
             .expect("conditional cache lock")
             .insert(repo.repo.clone(), seen);
-        Ok((RepoJobs { jobs, truncated }, no_runs))
+        Ok((RepoJobs { jobs, truncated }, no_runs, requests))
     }
 }
 

@@ -1455,8 +1455,8 @@ impl QueueSource for GitHubForge {
         self.client().serving(repos);
     }
 
-    fn read_points_left(&self, repo: &RepoConfig) -> Option<(String, u32)> {
-        self.client().read_points_left(repo)
+    fn read_points(&self, repo: &RepoConfig) -> Option<crate::observe::ReadPoints> {
+        self.client().read_points(repo)
     }
 
     fn hinted(&self, repo: &crate::model::RepoName) {
