@@ -266,9 +266,11 @@ pub fn classify(
     if code == 403 || code == 429 {
         let retry_after = header_u64(headers, "retry-after");
         let exhausted = header_u64(headers, "x-ratelimit-remaining") == Some(0);
-        let secondary = message
-            .as_deref()
-            .is_some_and(|m| m.to_ascii_lowercase().contains("secondary rate limit"));
+        // "abuse detection mechanism" is the older wording, still sent by some GHES releases.
+        let secondary = message.as_deref().is_some_and(|m| {
+            let m = m.to_ascii_lowercase();
+            m.contains("secondary rate limit") || m.contains("abuse detection")
+        });
         let wait_s = if let Some(seconds) = retry_after {
             Some(seconds)
         } else if exhausted {
@@ -284,10 +286,9 @@ pub fn classify(
         } else {
             None
         };
-        if let Some(mut wait_s) = wait_s {
-            if secondary {
-                wait_s = wait_s.max(SECONDARY_LIMIT_WAIT_S);
-            }
+        // GitHub's order: `retry-after` when present (however short), else the reset of an
+        // exhausted budget, else at least a minute.
+        if let Some(wait_s) = wait_s {
             let wait_s = wait_s.min(RATE_LIMIT_WAIT_MAX_S);
             return PortError::new(
                 ErrorClass::RateLimited,
@@ -378,16 +379,38 @@ mod tests {
     }
 
     #[test]
-    fn secondary_limit_waits_at_least_a_minute() {
+    fn a_secondary_limit_waits_for_retry_after_or_else_a_minute() {
+        let message = r#"{"message":"You have exceeded a secondary rate limit. Please wait a few minutes before you try again."}"#;
         let e = classify(
             StatusCode::FORBIDDEN,
             &headers(&[("x-ratelimit-remaining", "4000"), ("retry-after", "5")]),
-            r#"{"message":"You have exceeded a secondary rate limit. Please wait a few minutes before you try again."}"#,
+            message,
             now(),
         );
         assert_eq!(
             (e.class, e.retry_after_s),
-            (ErrorClass::RateLimited, Some(60))
+            (ErrorClass::RateLimited, Some(5))
+        );
+        let e = classify(
+            StatusCode::FORBIDDEN,
+            &headers(&[("x-ratelimit-remaining", "4000")]),
+            message,
+            now(),
+        );
+        assert_eq!(
+            (e.class, e.retry_after_s),
+            (ErrorClass::RateLimited, Some(SECONDARY_LIMIT_WAIT_S))
+        );
+        // The older wording of the same limit, without retry-after: not a permission error.
+        let e = classify(
+            StatusCode::FORBIDDEN,
+            &headers(&[("x-ratelimit-remaining", "4000")]),
+            r#"{"message":"You have triggered an abuse detection mechanism. Please wait a few minutes before you try again."}"#,
+            now(),
+        );
+        assert_eq!(
+            (e.class, e.retry_after_s),
+            (ErrorClass::RateLimited, Some(SECONDARY_LIMIT_WAIT_S))
         );
     }
 

@@ -377,8 +377,8 @@ impl Sim {
             let (low, high) = o.rate_limit_reset_s;
             let mut wait_s = self.rng.random_range(low..=high);
             let secondary = self.rng.random_bool(0.3);
-            // GitHub asks for at least a minute after a secondary limit, and the client
-            // waits that long whatever `retry-after` says: the budget is out as long.
+            // The world's secondary limits last a minute or more, and `retry-after` says
+            // exactly how long: the budget is out as long as the client is asked to wait.
             if secondary && call.service == Service::GitHub {
                 wait_s = wait_s.max(crate::clients::github::SECONDARY_LIMIT_WAIT_S);
             }
