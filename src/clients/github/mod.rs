@@ -197,6 +197,9 @@ struct Credential {
 struct Conditional {
     etag: String,
     body: String,
+    /// The page's `Link` header: a `304` need not repeat it (RFC 9110 §15.4.5 lists what it
+    /// must), and without it the walk would guess the next page's URL, a different cache key.
+    link: Option<http::HeaderValue>,
 }
 
 /// What the last read of a repo's queue found, which decides how the next one reads it.
@@ -949,11 +952,17 @@ impl GitHub {
                 doing,
             )
             .await?;
+        let mut headers = answer.headers;
         let body = if answer.status == StatusCode::NOT_MODIFIED {
             match cached {
                 Some(cached) => {
                     crate::metrics::count_conditional_hit();
                     let body = cached.body.clone();
+                    if let Some(link) = &cached.link
+                        && !headers.contains_key(http::header::LINK)
+                    {
+                        headers.insert(http::header::LINK, link.clone());
+                    }
                     seen.insert(key, cached);
                     body
                 }
@@ -965,8 +974,7 @@ impl GitHub {
                 }
             }
         } else {
-            if let Some(etag) = answer
-                .headers
+            if let Some(etag) = headers
                 .get(http::header::ETAG)
                 .and_then(|v| v.to_str().ok())
             {
@@ -975,12 +983,13 @@ impl GitHub {
                     Conditional {
                         etag: etag.to_string(),
                         body: answer.body.clone(),
+                        link: headers.get(http::header::LINK).cloned(),
                     },
                 );
             }
             answer.body
         };
-        Ok((answer.headers, body))
+        Ok((headers, body))
     }
 
     /// Follows every page of a listing that starts at `first` (a path with `per_page=100`),
