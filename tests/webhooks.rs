@@ -362,13 +362,52 @@ async fn forgejo_signs_with_bare_hex_and_names_its_job_events_by_state() {
     ])
     .await;
     assert_eq!(status, 202);
-    // A run's completion is not a job event.
-    assert_eq!(
-        post(forgejo("action_run_success", "f-3", tag.clone())).await,
-        (200, "ignored_event".to_string())
-    );
+    // Neither a job nor a run: nothing to look at.
+    for (event, delivery) in [("push", "f-3"), ("workflow_jobs", "f-4")] {
+        assert_eq!(
+            post(forgejo(event, delivery, tag.clone())).await,
+            (200, "ignored_event".to_string())
+        );
+    }
     assert_eq!(served.count("forgejo", "accepted"), 2);
     assert_eq!(served.count("forgejo", "bad_signature"), 2);
+}
+
+#[tokio::test]
+async fn forgejo_run_events_and_repos_named_under_the_run_are_hints() {
+    let served = serve().await;
+    // Forgejo's run events (`workflow_run_*`, and `action_run_*` of older releases) and the
+    // job events of later releases name the repo only under `run`.
+    let under_run = serde_json::json!({
+        "action": "run_status_changed",
+        "run": { "id": 7, "status": "waiting", "repository": { "full_name": "forge/builds" } },
+    })
+    .to_string();
+    let without_repo =
+        serde_json::json!({ "action": "new_job_attempt", "job": { "id": 3 } }).to_string();
+    let deliveries = [
+        ("workflow_run_waiting", &under_run, 202, "accepted"),
+        ("workflow_job_waiting", &under_run, 202, "accepted"),
+        ("action_run_success", &under_run, 202, "accepted"),
+        ("workflow_job_waiting", &without_repo, 400, "malformed"),
+    ];
+    for (i, (event, body, status, outcome)) in deliveries.into_iter().enumerate() {
+        let delivery = format!("r-{i}");
+        let signature = sign(FORGEJO_SECRET, body.as_bytes());
+        let answer = served
+            .post(
+                "/webhook/forgejo",
+                &[
+                    ("X-Forgejo-Event", event),
+                    ("X-Forgejo-Delivery", &delivery),
+                    ("X-Forgejo-Signature", &signature),
+                ],
+                body.clone().into_bytes(),
+            )
+            .await;
+        assert_eq!(answer, (status, outcome.to_string()), "{event} {body}");
+    }
+    assert_eq!(served.hints.take_due(t0()), vec![repo("forge/builds")]);
 }
 
 #[tokio::test]

@@ -157,13 +157,23 @@ impl ForgeHeaders {
         value.to_str().ok()
     }
 
-    /// Whether `event` announces a change of a job, the one kind worth a look.
+    /// Whether `event` announces a change of a job or a run, the kinds worth a look.
     fn is_job_event(&self, event: &str) -> bool {
         match self.forge {
             WebhookForge::GitHub => event == "workflow_job",
-            // Forgejo names one event per job state (`workflow_job_waiting`,
-            // `workflow_job_running`, `workflow_job_success`, …); Gitea sends `workflow_job`.
-            WebhookForge::Forgejo => event == "workflow_job" || event.starts_with("workflow_job_"),
+            // Forgejo names one event per state (`workflow_job_waiting` is a job ready for a
+            // runner; `workflow_run_waiting`, `workflow_run_running`, …), and older releases
+            // send only `action_run_success`/`_failure` when a run ends, which may free a cap's
+            // room; Gitea sends `workflow_job` and `workflow_run`.
+            WebhookForge::Forgejo => {
+                ["workflow_job", "workflow_run", "action_run"]
+                    .iter()
+                    .any(|kind| {
+                        event
+                            .strip_prefix(kind)
+                            .is_some_and(|rest| rest.is_empty() || rest.starts_with('_'))
+                    })
+            }
         }
     }
 }
@@ -224,14 +234,32 @@ fn receive(
         .into_response()
 }
 
+/// Where a delivery names its repo: at the top (GitHub, Gitea, Forgejo job events of some
+/// releases) or only under its run (Forgejo's `action_run_*` and `workflow_run_*`, and job
+/// events of later releases).
 #[derive(serde::Deserialize)]
 struct Payload {
-    repository: PayloadRepository,
+    repository: Option<PayloadRepository>,
+    run: Option<PayloadRun>,
+}
+
+#[derive(serde::Deserialize)]
+struct PayloadRun {
+    repository: Option<PayloadRepository>,
 }
 
 #[derive(serde::Deserialize)]
 struct PayloadRepository {
     full_name: String,
+}
+
+impl Payload {
+    fn repo(self) -> Option<RepoName> {
+        let repository = self
+            .repository
+            .or_else(|| self.run.and_then(|run| run.repository))?;
+        RepoName::parse(&repository.full_name)
+    }
 }
 
 fn judge(
@@ -276,7 +304,7 @@ fn judge(
     }
     let Some(repo) = serde_json::from_slice::<Payload>(&body)
         .ok()
-        .and_then(|p| RepoName::parse(&p.repository.full_name))
+        .and_then(Payload::repo)
     else {
         return (Outcome::Malformed, None);
     };
