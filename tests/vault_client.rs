@@ -330,3 +330,43 @@ fn settings_come_from_the_standard_variables_and_name_no_value() {
     .unwrap();
     assert!(!bad_token.contains("break-secret"), "{bad_token}");
 }
+
+#[tokio::test]
+async fn every_request_says_it_is_a_vault_request() {
+    use runner_scaler::act::CredentialWrapper;
+    let world = World::new().await;
+    world.twin.add_token(
+        DAEMON_TOKEN,
+        VaultPolicy::read_only(["secret/data/forgejo/scaler"]),
+    );
+    world
+        .twin
+        .put_secret("secret", "forgejo/scaler", json!({"token": "t"}));
+    let vault = world.client(None);
+    vault.read_field("forgejo/scaler", "token").await.unwrap();
+    vault
+        .wrap(
+            &[("jitconfig", SecretString::from("encoded"))],
+            std::time::Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    vault
+        .capabilities_self(&["forgejo/scaler".to_string()])
+        .await
+        .unwrap();
+    // A Vault Agent or Proxy listener with `require_request_header` refuses any without it.
+    let requests = world.twin.requests();
+    let paths: Vec<&str> = requests.iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "secret/data/forgejo/scaler",
+            "sys/wrapping/wrap",
+            "sys/capabilities-self"
+        ]
+    );
+    for request in &requests {
+        assert!(request.request_header, "{request:?}");
+    }
+}

@@ -278,3 +278,35 @@ async fn wrapping_answers_the_documented_shape_and_unwraps_once() {
         .unwrap();
     assert_eq!(refused.status(), 400);
 }
+
+#[tokio::test]
+async fn unwrapping_with_the_token_in_both_places_loses_the_value() {
+    let (_twin, server) = twin().await;
+    let wrapped: Value = http()
+        .post(format!("{}/v1/sys/wrapping/wrap", server.base_url()))
+        .header("X-Vault-Token", ROOT)
+        .header("X-Vault-Wrap-TTL", "300")
+        .json(&fixture("wrapping-wrap.request.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = wrapped["wrap_info"]["token"].as_str().unwrap().to_string();
+    let unwrap = |body: Option<Value>| {
+        let request = http()
+            .post(format!("{}/v1/sys/wrapping/unwrap", server.base_url()))
+            .header("X-Vault-Token", &token);
+        match body {
+            Some(body) => request.json(&body).send(),
+            None => request.send(),
+        }
+    };
+    // Never both (API docs): the call fails and spends the token.
+    let both = unwrap(Some(serde_json::json!({ "token": token })))
+        .await
+        .unwrap();
+    assert_eq!(both.status(), 400);
+    assert_eq!(unwrap(None).await.unwrap().status(), 400);
+}

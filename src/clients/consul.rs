@@ -8,7 +8,8 @@
 //!   missing key is reported as [`Fetched::Missing`] with index 0, and the watcher polls.
 //! - Its CA option reads only the **first** certificate of a PEM file (`Certificate::from_pem`)
 //!   and, without one, trusts the bundled web PKI roots rather than the system's; it honours
-//!   client certificates, but has no `CONSUL_TLS_SERVER_NAME` and no `unix://` addresses.
+//!   client certificates, but has no `CONSUL_TLS_SERVER_NAME` and no `unix://` addresses. The
+//!   client that replaces its own (below) trusts every certificate of the file.
 //! - Its reqwest client follows redirects, and reqwest strips only `Authorization`-type
 //!   headers when a redirect leaves the origin: `X-Consul-Token` would travel to wherever a
 //!   3xx points. `ConsulClient::http` is public, so its client is replaced here by one built
@@ -226,9 +227,17 @@ fn without_redirects(settings: &ConsulClientSettings) -> Result<reqwest_0_11::Cl
         .redirect(reqwest_0_11::redirect::Policy::none());
     for path in &settings.ca_certs {
         let pem = std::fs::read(path).map_err(|e| format!("read CA certificate {path}: {e}"))?;
-        let cert = reqwest_0_11::Certificate::from_pem(&pem)
-            .map_err(|e| format!("parse CA certificate {path}: {e}"))?;
-        builder = builder.add_root_certificate(cert);
+        // Every certificate of the file: a CA bundle may hold intermediates before the root.
+        let certs = reqwest_0_11::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| format!("parse CA certificates {path}: {e}"))?;
+        if certs.is_empty() {
+            return Err(format!(
+                "parse CA certificates {path}: no PEM certificate in it"
+            ));
+        }
+        for cert in certs {
+            builder = builder.add_root_certificate(cert);
+        }
     }
     if let (Some(cert), Some(key)) = (&settings.client_cert, &settings.client_key) {
         let mut pem =

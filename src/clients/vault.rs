@@ -318,7 +318,13 @@ impl VaultKv {
                 )
             })?;
         token.set_sensitive(true);
-        let mut request = self.http.post(url).header("X-Vault-Token", token);
+        // X-Vault-Request: a Vault Agent or Proxy listener with `require_request_header`
+        // refuses any request without it (vaultrs sends it on the reads it makes).
+        let mut request = self
+            .http
+            .post(url)
+            .header("X-Vault-Token", token)
+            .header("X-Vault-Request", "true");
         if let Some(namespace) = &self.namespace {
             request = request.header("X-Vault-Namespace", namespace);
         }

@@ -54,6 +54,9 @@ pub struct VaultRequest {
     pub path: String,
     pub namespace: Option<String>,
     pub status: u16,
+    /// It carried `X-Vault-Request: true`, which a Vault Agent or Proxy listener with
+    /// `require_request_header` demands of every request.
+    pub request_header: bool,
 }
 
 struct Version {
@@ -264,6 +267,12 @@ fn version_metadata(secret: &Secret, number: usize) -> Value {
 }
 
 /// The token from `X-Vault-Token`, else from `Authorization: Bearer`.
+fn has_request_header(headers: &HeaderMap) -> bool {
+    headers
+        .get("x-vault-request")
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
+}
+
 fn token_of(headers: &HeaderMap) -> Option<String> {
     if let Some(token) = headers.get("x-vault-token").and_then(|v| v.to_str().ok()) {
         return Some(token.to_string());
@@ -306,6 +315,7 @@ impl VaultTwin {
             path: api_path.to_string(),
             namespace,
             status: refusal.as_ref().map_or(200, |r| r.status().as_u16()),
+            request_header: has_request_header(headers),
         });
         match refusal {
             Some(response) => Err(Box::new(response)),
@@ -490,6 +500,7 @@ async fn wrap(
         path: api_path.to_string(),
         namespace: None,
         status: response.status().as_u16(),
+        request_header: has_request_header(&headers),
     });
     response
 }
@@ -546,6 +557,7 @@ async fn capabilities_self(
         path: "sys/capabilities-self".into(),
         namespace: None,
         status: response.status().as_u16(),
+        request_header: has_request_header(&headers),
     });
     response
 }
@@ -567,7 +579,12 @@ async fn unwrap(
     let wrapping_token = match (&header_token, body_token) {
         // Another token authenticates the call; the body names the wrapping token.
         (Some(caller), Some(named)) if state.tokens.contains_key(caller) => Some(named),
-        (Some(_), Some(_)) => None,
+        // The wrapping token itself as `X-Vault-Token`, and a body too: Vault spends the
+        // token on the call and the wrapped value is lost.
+        (Some(header), Some(_)) => {
+            state.wrapped.remove(header);
+            None
+        }
         (header, None) => header.clone(),
         (None, Some(_)) => None,
     };
@@ -585,6 +602,7 @@ async fn unwrap(
         path: "sys/wrapping/unwrap".to_string(),
         namespace: None,
         status: response.status().as_u16(),
+        request_header: has_request_header(&headers),
     });
     response
 }
@@ -593,6 +611,7 @@ async fn no_handler(
     State(twin): State<VaultTwin>,
     method: Method,
     uri: axum::http::Uri,
+    headers: HeaderMap,
 ) -> Response {
     let path = uri.path().trim_start_matches("/v1/").to_string();
     let mut state = twin.lock();
@@ -601,6 +620,7 @@ async fn no_handler(
         path: path.clone(),
         namespace: None,
         status: 404,
+        request_header: has_request_header(&headers),
     });
     errors(
         StatusCode::NOT_FOUND,
