@@ -1483,7 +1483,7 @@ fn deregister_job(twin: &NomadTwin, id: &str, pairs: &[(String, String)]) -> Res
                 return text_response(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     format!(
-                        "Failed to parse value of \"purge\" ({raw}): strconv.ParseBool: parsing {raw:?}: invalid syntax"
+                        "Failed to parse value of \"purge\" ({raw}) as a bool: strconv.ParseBool: parsing {raw:?}: invalid syntax"
                     ),
                 );
             }
@@ -1505,8 +1505,11 @@ fn deregister_job(twin: &NomadTwin, id: &str, pairs: &[(String, String)]) -> Res
         at: Instant::now(),
     });
     let Some(job) = existing else {
-        // Deregistering an unknown job succeeds with zero-valued fields.
-        return json_response(HeaderMap::new(), deregister_reply_json("", 0, 0, 0));
+        // Deregistering an unknown job succeeds with zero-valued fields, and the index header
+        // set from them like any other (`setIndex(resp, out.Index)` after the RPC).
+        let mut headers = HeaderMap::new();
+        headers.insert("X-Nomad-Index", HeaderValue::from_static("0"));
+        return json_response(headers, deregister_reply_json("", 0, 0, 0));
     };
     let index = state.bump();
     if purge {
