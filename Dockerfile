@@ -13,13 +13,20 @@
 #
 # TLS roots: the Vault and Forgejo clients (reqwest 0.13, rustls with the platform verifier)
 # and the GitHub client (hyper-rustls with rustls-native-certs) read the system bundle at
-# /etc/ssl/certs; consulrs trusts only its bundled web PKI roots plus the first certificate
+# /etc/ssl/certs; the Consul client trusts its bundled web PKI roots plus every certificate
 # of CONSUL_CACERT (src/clients/consul.rs). A private CA is therefore given to each service
 # by its *_CACERT variable (nomad/runner-scaler.nomad.hcl), not baked into the image.
 
 # ---- build ----
 # The toolchain is pinned: Cargo.toml's rust-version is the floor, this is what CI builds with.
 FROM docker.io/library/rust:1.95.0-slim-bookworm AS build
+# openssl-sys (consulrs -> reqwest 0.11 -> native-tls, in Cargo.lock) compiles against the
+# system OpenSSL: its build script asks pkg-config for libssl and needs libssl-dev's headers,
+# and the slim image has neither, so `cargo build` fails without them. Bookworm's libssl-dev is
+# OpenSSL 3.0, the libssl3 the run stage carries.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends pkg-config libssl-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Only what the build reads (see .dockerignore): the manifest, the lock file, the sources, and
 # tests/ (the `simulate` subcommand compiles in fixtures from tests/fixtures with

@@ -91,8 +91,33 @@ job "ci-runner" {
         RUNNER_TOKEN              = "${NOMAD_META_runner_token}"
         RUNNER_CREDENTIAL_WRAPPED = "auto"
         VAULT_ADDR                = "https://vault.service.consul:8200"
+        # Rendered below; empty (and then unused) unless the Nomad Variable holds a CA.
+        VAULT_CACERT = "${NOMAD_TASK_DIR}/ca/vault.pem"
         # A runner no job came to within this time stops itself and exits 3.
         RUNNER_IDLE_TIMEOUT = "15m"
+      }
+
+      # Vault's CA, for a Vault whose certificate a private CA signed: rendered from the Nomad
+      # Variable nomad/jobs/<this parent job's id> in this job's namespace, if the operator put
+      # one (README, "Vault with a private CA"):
+      #   nomad var put -namespace ci-runners nomad/jobs/<parent job> vault_ca=@vault-ca.pem
+      # A task's workload identity may read nomad/jobs/<its job id> without any policy
+      # (hashicorp/nomad acl/acl.go, matchingVariablesCapabilitySet), and a dispatched child's
+      # identity carries its parent's job id (nomad/structs NewIdentityClaims: "If this is a
+      # child job, use the parent's ID"; Job.GetIDforWorkloadIdentity in later releases). The
+      # path comes from NOMAD_JOB_PARENT_ID, so a copy of this file under another job id reads
+      # that id's Variable with no edit here. nomadVarExists does not block: without the
+      # Variable (a public CA) the file is empty and the entrypoint leaves VAULT_CACERT out.
+      template {
+        destination = "local/ca/vault.pem"
+        perms       = "0444"
+        uid         = 1001
+        gid         = 1001
+        change_mode = "noop"
+        data        = <<-EOT
+          {{- $path := printf "nomad/jobs/%s" (env "NOMAD_JOB_PARENT_ID") -}}
+          {{- if nomadVarExists $path }}{{ with nomadVar $path }}{{ .vault_ca }}{{ end }}{{ end -}}
+        EOT
       }
 
       # The runner contract, verbatim: the delimiters are set to something the script never

@@ -50,7 +50,13 @@ job "forgejo-build-runner" {
         # Pinned to a release (code.forgejo.org/forgejo/runner/releases); `one-job` exists
         # since 6.1.0. The image is Alpine with bash and git and no curl: the entrypoint
         # unwraps a Vault-wrapped credential with BusyBox wget there (the wrapping token is then
-        # briefly on wget's command line, before any job exists).
+        # briefly on wget's command line, before any job exists). BusyBox wget takes no CA
+        # file, so VAULT_CACERT below does not reach it: with a Vault whose certificate a
+        # private CA signed, run an image derived from this one that either adds the CA to the
+        # system bundle (`apk add ca-certificates`, the CA in /usr/local/share/ca-certificates,
+        # `update-ca-certificates`, then USER 1000 again) or adds curl (`apk add curl`), which
+        # the entrypoint then prefers and gives VAULT_CACERT (README, "Vault with a private
+        # CA").
         image   = "code.forgejo.org/forgejo/runner:11.3.1"
         command = "/bin/bash"
         args    = ["${NOMAD_TASK_DIR}/entrypoint.sh"]
@@ -65,7 +71,33 @@ job "forgejo-build-runner" {
         RUNNER_TOKEN              = "${NOMAD_META_runner_token}"
         RUNNER_CREDENTIAL_WRAPPED = "auto"
         VAULT_ADDR                = "https://vault.service.consul:8200"
-        RUNNER_IDLE_TIMEOUT       = "15m"
+        # Rendered below; empty (and then unused) unless the Nomad Variable holds a CA. Used
+        # by curl only: see the image above.
+        VAULT_CACERT        = "${NOMAD_TASK_DIR}/ca/vault.pem"
+        RUNNER_IDLE_TIMEOUT = "15m"
+      }
+
+      # Vault's CA, for a Vault whose certificate a private CA signed: rendered from the Nomad
+      # Variable nomad/jobs/<this parent job's id> in this job's namespace, if the operator put
+      # one (README, "Vault with a private CA"):
+      #   nomad var put -namespace ci-runners nomad/jobs/<parent job> vault_ca=@vault-ca.pem
+      # A task's workload identity may read nomad/jobs/<its job id> without any policy
+      # (hashicorp/nomad acl/acl.go, matchingVariablesCapabilitySet), and a dispatched child's
+      # identity carries its parent's job id (nomad/structs NewIdentityClaims: "If this is a
+      # child job, use the parent's ID"; Job.GetIDforWorkloadIdentity in later releases). The
+      # path comes from NOMAD_JOB_PARENT_ID, so a copy of this file under another job id reads
+      # that id's Variable with no edit here. nomadVarExists does not block: without the
+      # Variable (a public CA) the file is empty and the entrypoint leaves VAULT_CACERT out.
+      template {
+        destination = "local/ca/vault.pem"
+        perms       = "0444"
+        uid         = 1000
+        gid         = 1000
+        change_mode = "noop"
+        data        = <<-EOT
+          {{- $path := printf "nomad/jobs/%s" (env "NOMAD_JOB_PARENT_ID") -}}
+          {{- if nomadVarExists $path }}{{ with nomadVar $path }}{{ .vault_ca }}{{ end }}{{ end -}}
+        EOT
       }
 
       template {

@@ -1,6 +1,13 @@
 # github-runner-moat-vm: a runner parent job for a `vault` mode repo (the example document's
 # ev-the-dev/moat). Copy it once per vault-mode parent job, changing the job name, the Vault
-# role and the secret path.
+# role, the secret path and the repo_url variable (or pass -var repo_url=…).
+#
+# The repo is the job file's, never the dispatch's. The mint task sends the repo's admin token
+# to GitHub; were the host taken from dispatch meta, anyone allowed to dispatch this job (the
+# daemon included) could dispatch it with repo_url=https://attacker.example/x/y and receive the
+# admin token. So REPO_URL and GITHUB_API_URL are this file's variables, and the dispatched
+# repo_url reaches the mint script only as DISPATCHED_REPO_URL, to be compared: a dispatch for
+# another repo is refused (exit 2) before any request is sent.
 #
 # In `vault` mode the daemon mints nothing: it may not even read the admin token at
 # `registerVaultPath` (its Vault policy names exact paths and none of the register paths).
@@ -13,6 +20,18 @@
 # writes the credential as that uid with mode 0400, the runner task reads and deletes it.
 # Scripts come from nomad/runner/ through file(), relative to this file (see
 # ci-runner.nomad.hcl): `nomad job run nomad/github-runner-vault.nomad.hcl` works as shipped.
+
+variable "repo_url" {
+  description = "The one repo this parent mints runners for, https://HOST/OWNER/REPO: the host its admin token is sent to. A dispatch whose repo_url meta names another repo is refused."
+  type        = string
+  default     = "https://github.com/ev-the-dev/moat"
+}
+
+variable "github_api_url" {
+  description = "GitHub's API for repo_url, when it is not derived from it (github.com: api.github.com; *.ghe.com: api.HOST; else HOST/api/v3). Empty: derived."
+  type        = string
+  default     = ""
+}
 
 job "github-runner-moat-vm" {
   namespace   = "ci-runners-vault"
@@ -93,7 +112,11 @@ job "github-runner-moat-vm" {
       }
 
       env {
-        REPO_URL                = "${NOMAD_META_repo_url}"
+        # Where the admin token goes: from this file, never from dispatch meta (see the top).
+        REPO_URL       = var.repo_url
+        GITHUB_API_URL = var.github_api_url
+        # Only compared with REPO_URL: the mint script refuses a dispatch for another repo.
+        DISPATCHED_REPO_URL     = "${NOMAD_META_repo_url}"
         RUNNER_NAME             = "${NOMAD_META_runner_name}"
         RUNNER_LABELS           = "${NOMAD_META_labels}"
         GITHUB_AUTH_HEADER_FILE = "${NOMAD_SECRETS_DIR}/github-auth-header"
@@ -131,8 +154,10 @@ job "github-runner-moat-vm" {
       }
 
       env {
-        RUNNER_FORGE  = "github"
-        REPO_URL      = "${NOMAD_META_repo_url}"
+        RUNNER_FORGE = "github"
+        # The mint task's repo: a registration token (MINT_CREDENTIAL=registration) is sent to
+        # this URL by config.sh, so it never comes from dispatch meta either.
+        REPO_URL      = var.repo_url
         RUNNER_NAME   = "${NOMAD_META_runner_name}"
         RUNNER_LABELS = "${NOMAD_META_labels}"
         # Written by the mint task; read and deleted before the listener starts.

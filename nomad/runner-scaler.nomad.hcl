@@ -8,7 +8,10 @@
 # identity reads without any policy (Nomad's implicit access to nomad/jobs/<job id>):
 #   nomad var put -namespace runner-scaler nomad/jobs/runner-scaler \
 #     consul_ca=@consul-ca.pem vault_ca=@vault-ca.pem
-# (no host volume, so the Docker driver's `volumes` can stay disabled on the node).
+# (no host volume, so the Docker driver's `volumes` can stay disabled on the node). Put it
+# before the first `nomad job run`: until it exists the CA templates below wait for it (`nomad
+# alloc status` shows "Missing: nomad.var.block(nomad/jobs/runner-scaler@runner-scaler.global)")
+# and the task stays pending, never started.
 #
 # Needs Nomad >= 1.8 (the `disconnect` block); workload identities for Vault and Consul need
 # >= 1.7 with the servers' vault.default_identity and consul.task_identity (README,
@@ -143,8 +146,14 @@ job "runner-scaler" {
     }
 
     # Nomad's Consul task identity: with consul.task_identity set on the servers, Nomad logs
-    # in to Consul's auth method (terraform/consul.tf) with this task's identity and writes a
-    # Consul token, bound to the policy that reads the document, to secrets/consul_token.
+    # in to Consul's auth method (terraform/consul.tf) with this task's identity and gets a
+    # Consul token bound to the policy that reads the document. Nomad's Consul hook
+    # (hashicorp/nomad client/allocrunner/taskrunner/consul_hook.go, Nomad >= 1.8) puts it in
+    # the task's environment as CONSUL_HTTP_TOKEN (and CONSUL_TOKEN), which is what the daemon
+    # reads. The env block below therefore sets neither CONSUL_HTTP_TOKEN nor
+    # CONSUL_HTTP_TOKEN_FILE: the daemon refuses to start when a secret and its _FILE are both
+    # set, and the copy the hook also writes to secrets/consul_token is root-owned (0640), so
+    # uid 65532 could not read it anyway.
     consul {}
 
     task "runner-scaler" {
@@ -167,7 +176,8 @@ job "runner-scaler" {
       }
 
       # Nomad's own workload identity as the Nomad API token (NOMAD_TOKEN): terraform/nomad.tf
-      # attaches the runner-scaler ACL policy to this job, so no long-lived Nomad token exists.
+      # attaches the runner-scaler ACL policy to this job, group and task, so no long-lived
+      # Nomad token exists.
       identity {
         env = true
       }
@@ -181,9 +191,7 @@ job "runner-scaler" {
         RUNNER_SCALER_RUNNER_NAMESPACE = var.runner_namespace
         CONSUL_HTTP_ADDR               = var.consul_addr
         CONSUL_CACERT                  = var.consul_cacert
-        # Written by Nomad's Consul workload identity hook (client/allocrunner/taskrunner/
-        # consul_hook.go); Consul's standard variable for a token kept in a file.
-        CONSUL_HTTP_TOKEN_FILE      = "${NOMAD_SECRETS_DIR}/consul_token"
+        # No CONSUL_HTTP_TOKEN here: Nomad's Consul hook sets it (the group's consul block).
         VAULT_ADDR                  = var.vault_addr
         VAULT_CACERT                = var.vault_cacert
         VAULT_MOUNT                 = var.vault_mount

@@ -1,4 +1,4 @@
-# Nomad: the namespaces and the daemon's ACL policy.
+# Nomad: the namespaces, the runner nodes' node pool and the daemon's ACL policy.
 #
 # Three namespaces, because who may submit jobs where decides who can take which identity:
 # - daemon_namespace (runner-scaler): the daemon's service job. Only operators submit here;
@@ -19,6 +19,17 @@ resource "nomad_namespace" "runners" {
   count       = var.create_runner_namespaces ? 1 : 0
   name        = var.runner_namespace
   description = "Runner parent jobs (app and forgejo modes) and their dispatched children. Dispatch meta (runner credentials, wrapped when the daemon has Vault) is readable with read-job here: grant it sparingly."
+}
+
+# The runner nodes' pool. Nomad refuses to register a job in a node pool that does not exist
+# ("job … is in nonexistent node pool", hashicorp/nomad nomad/job_endpoint_hook_node_pool.go);
+# a client registering in a new pool creates it, so without this resource the runner parents
+# could be registered only after the first runner node joined. Node pools: Nomad >= 1.6,
+# provider >= 2.0.
+resource "nomad_node_pool" "runners" {
+  count       = var.create_runner_node_pool ? 1 : 0
+  name        = var.runner_node_pool
+  description = "Nodes set aside for CI runners: they run whatever a workflow says, so nothing else (the daemon, Vault, other services) is scheduled beside them."
 }
 
 resource "nomad_namespace" "vault_runners" {
@@ -52,9 +63,11 @@ resource "nomad_namespace" "vault_runners" {
 # carries no credential in vault mode (the parent refuses runner_token), and the JIT config the
 # prestart task minted was single-use and bound to that one runner.
 #
-# The policy is attached to the daemon's job (job_acl, namespace + job id), so the task's
-# workload identity (`identity { env = true }` in nomad/runner-scaler.nomad.hcl) is its Nomad
-# token: no long-lived Nomad token exists for the daemon.
+# The policy is attached to the daemon's task (job_acl: namespace, job id, group and task;
+# group and task since provider 2.0 and Nomad 1.4, matched against the workload identity's
+# claims in hashicorp/nomad nomad/auth/auth.go), so the task's workload identity
+# (`identity { env = true }` in nomad/runner-scaler.nomad.hcl) is its Nomad token and no other
+# task a later edit adds to the job gets it: no long-lived Nomad token exists for the daemon.
 resource "nomad_acl_policy" "runner_scaler" {
   name        = "runner-scaler"
   description = "runner-scaler: list, read and dispatch runner children; stop and purge them where no job holds a Vault role"
@@ -70,5 +83,7 @@ resource "nomad_acl_policy" "runner_scaler" {
   job_acl {
     namespace = var.daemon_namespace
     job_id    = var.daemon_job_id
+    group     = var.daemon_group
+    task      = var.daemon_task
   }
 }

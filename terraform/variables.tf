@@ -50,6 +50,12 @@ variable "daemon_job_id" {
   default     = "runner-scaler"
 }
 
+variable "daemon_group" {
+  description = "Group name of the daemon's task in its job (nomad/runner-scaler.nomad.hcl); the Nomad ACL policy is attached to this group's task only."
+  type        = string
+  default     = "scaler"
+}
+
 variable "daemon_task" {
   description = "Task name of the daemon in its job (nomad/runner-scaler.nomad.hcl)."
   type        = string
@@ -70,6 +76,18 @@ variable "vault_runner_namespace" {
 
 variable "create_runner_namespaces" {
   description = "Create runner_namespace and vault_runner_namespace (false: they exist already)."
+  type        = bool
+  default     = true
+}
+
+variable "runner_node_pool" {
+  description = "Nomad node pool of the runner nodes: every runner parent job names it (node_pool), and the runner nodes' client configuration sets it. Nomad refuses to register a job in a node pool that does not exist."
+  type        = string
+  default     = "ci-runners"
+}
+
+variable "create_runner_node_pool" {
+  description = "Create runner_node_pool (false: it exists already, e.g. made by `nomad node pool apply` or by a runner node registering in it)."
   type        = bool
   default     = true
 }

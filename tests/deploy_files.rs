@@ -424,8 +424,12 @@ struct Task {
     file: String,
     namespace: String,
     job: String,
+    group: String,
     task: String,
     body: Body,
+    /// The task's group has a `consul` block, or the task has one: Nomad gives the task a
+    /// Consul token of its workload identity.
+    consul_identity: bool,
 }
 
 fn tasks() -> Vec<Task> {
@@ -435,13 +439,16 @@ fn tasks() -> Vec<Task> {
         let job = block(&body, "job");
         let namespace = resolve(attr(job.body(), "namespace"), &scope, &file);
         for group in blocks(job.body(), "group") {
+            let group_consul = !blocks(group.body(), "consul").is_empty();
             for task in blocks(group.body(), "task") {
                 tasks.push(Task {
                     file: file.clone(),
                     namespace: namespace.clone(),
                     job: label_text(&job.labels()[0]).to_string(),
+                    group: label_text(&group.labels()[0]).to_string(),
                     task: label_text(&task.labels()[0]).to_string(),
                     body: task.body().clone(),
+                    consul_identity: group_consul || !blocks(task.body(), "consul").is_empty(),
                 });
             }
         }
@@ -655,6 +662,7 @@ fn the_daemons_identities_are_bound_to_its_namespace_job_and_task() {
     assert_ne!(daemon.namespace, scope["var.vault_runner_namespace"]);
     assert_eq!(daemon.namespace, scope["var.daemon_namespace"]);
     assert_eq!(daemon.job, scope["var.daemon_job_id"]);
+    assert_eq!(daemon.group, scope["var.daemon_group"]);
     assert_eq!(daemon.task, scope["var.daemon_task"]);
 
     let role_name = vault_role_of(&daemon).expect("the daemon has a vault block");
@@ -692,6 +700,60 @@ fn the_daemons_identities_are_bound_to_its_namespace_job_and_task() {
     assert_eq!(
         resolve(attr(job_acl, "job_id"), &scope, "job_acl"),
         daemon.job
+    );
+    // Without group and task the policy is every task's of the job (Nomad's nomad/auth
+    // policiesForWorkload matches only what job_acl names): a sidecar added to the daemon's job
+    // would get the daemon's Nomad capabilities.
+    let bound_to = |key| {
+        optional_attr(job_acl, key)
+            .map(|e| resolve(e, &scope, "job_acl"))
+            .unwrap_or_else(|| panic!("job_acl names no {key}: the policy is every task's"))
+    };
+    assert_eq!(bound_to("group"), daemon.group);
+    assert_eq!(bound_to("task"), daemon.task);
+}
+
+/// A task with a Consul workload identity gets its Consul token from Nomad, in its environment
+/// as CONSUL_HTTP_TOKEN (hashicorp/nomad client/allocrunner/taskrunner/consul_hook.go, Nomad
+/// 1.8 and later). A job file that sets the token or a token file itself either replaces
+/// Nomad's token or, with CONSUL_HTTP_TOKEN_FILE, makes the daemon refuse to start ("set X or
+/// X_FILE, not both"); the file the hook writes is root's and mode 0640 besides.
+#[test]
+fn a_task_with_a_consul_identity_takes_its_token_from_nomad_not_from_its_job_file() {
+    const SET_BY_NOMAD: &[&str] = &[
+        "CONSUL_HTTP_TOKEN",
+        "CONSUL_HTTP_TOKEN_FILE",
+        "CONSUL_TOKEN",
+    ];
+    let mut with_identity = Vec::new();
+    for task in tasks().into_iter().filter(|t| t.consul_identity) {
+        let what = format!("{} task {}", task.file, task.task);
+        for env in blocks(&task.body, "env") {
+            for name in env.body().attributes().map(|a| a.key()) {
+                assert!(
+                    !SET_BY_NOMAD.contains(&name),
+                    "{what} sets {name}: Nomad's Consul hook sets CONSUL_HTTP_TOKEN"
+                );
+            }
+        }
+        // A template rendered into the environment could set them just the same.
+        for template in blocks(&task.body, "template") {
+            let body = template.body();
+            if optional_attr(body, "env").is_some_and(|e| matches!(e, Expression::Bool(true))) {
+                let data = raw(attr(body, "data"));
+                for name in SET_BY_NOMAD {
+                    assert!(
+                        !data.contains(&format!("{name}=")),
+                        "{what}: an env template sets {name}"
+                    );
+                }
+            }
+        }
+        with_identity.push(task.file.clone());
+    }
+    assert!(
+        with_identity.iter().any(|f| f == DAEMON_JOB),
+        "the daemon's task has no Consul identity: {with_identity:?}"
     );
 }
 
@@ -979,6 +1041,36 @@ fn runner_parents_live_in_the_namespaces_their_identities_expect() {
     }
 }
 
+/// Nomad refuses to register a job in a node pool that does not exist ("job … is in
+/// nonexistent node pool", hashicorp/nomad nomad/job_endpoint_hook_node_pool.go), and only a
+/// client registering in it creates one: Terraform creates the pool every runner parent names.
+#[test]
+fn terraform_creates_the_node_pool_the_runner_parents_run_in() {
+    let tf = terraform();
+    let scope = terraform_scope(&tf);
+    let pool = resource(&tf, "nomad_node_pool", "runners").body();
+    assert_eq!(
+        raw(attr(pool, "count")),
+        "var.create_runner_node_pool ? 1 : 0"
+    );
+    assert_eq!(scope["var.create_runner_node_pool"], "true");
+    let name = resolve(attr(pool, "name"), &scope, "node pool name");
+    let mut parents = 0;
+    for (file, body) in job_files() {
+        if file == DAEMON_JOB {
+            continue;
+        }
+        let job = block(&body, "job").body();
+        let named = resolve(attr(job, "node_pool"), &job_scope(&body), &file);
+        assert_eq!(
+            named, name,
+            "{file} runs in a pool Terraform does not create"
+        );
+        parents += 1;
+    }
+    assert!(parents >= 3, "only {parents} runner parents");
+}
+
 // ---- Dockerfile ----
 
 struct Stage {
@@ -1143,5 +1235,45 @@ fn the_dockerfile_builds_the_release_binary_into_a_shell_less_non_root_image() {
         Path::new(words[1]),
         Path::new(workdir).join("target/release").join(&binary),
         "the binary copied is not the one cargo build --release makes"
+    );
+}
+
+/// openssl-sys (consulrs → reqwest 0.11 → native-tls) compiles against the system OpenSSL: its
+/// build script needs pkg-config and libssl-dev's headers, which the `-slim` Rust images lack.
+/// Whenever Cargo.lock has it, the build stage installs both before it runs `cargo build`.
+#[test]
+fn the_build_stage_installs_what_openssl_sys_builds_against() {
+    let lock = read("Cargo.lock");
+    if !lock.lines().any(|l| l.trim() == "name = \"openssl-sys\"") {
+        return;
+    }
+    let stages = dockerfile();
+    let run = stages.last().unwrap();
+    let copy = instruction(run, "COPY")
+        .into_iter()
+        .find(|c| c.starts_with("--from="))
+        .expect("the run stage copies the binary");
+    let from = copy.split_whitespace().next().unwrap();
+    let from = from.strip_prefix("--from=").unwrap();
+    let build = stages
+        .iter()
+        .find(|s| s.name.as_deref() == Some(from))
+        .unwrap_or_else(|| panic!("COPY --from={from}: no such stage"));
+    let runs: Vec<&str> = instruction(build, "RUN");
+    let cargo = runs
+        .iter()
+        .position(|r| r.contains("cargo build"))
+        .expect("the build stage runs cargo build");
+    let installs = runs[..cargo].iter().any(|r| {
+        let words: Vec<&str> = r.split_whitespace().collect();
+        r.contains("apt-get install")
+            && words.contains(&"pkg-config")
+            && words.contains(&"libssl-dev")
+    });
+    assert!(
+        installs,
+        "Cargo.lock has openssl-sys, but the build stage ({}) installs no pkg-config and \
+         libssl-dev before cargo build: {runs:?}",
+        build.base
     );
 }

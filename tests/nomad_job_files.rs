@@ -198,12 +198,24 @@ fn all_strings(body: &Body, out: &mut Vec<String>) {
     }
 }
 
+/// A task's `env` entries: strings as written (`${NOMAD_META_x}` included), anything else, such
+/// as a job variable's `var.repo_url`, as its HCL source.
 fn env_of(task: &Body) -> Vec<(String, String)> {
     block(task, "env")
         .body()
         .attributes()
-        .map(|a| (a.key().to_string(), text(a.expr())))
+        .map(|a| {
+            let value = match a.expr() {
+                Expression::String(_) | Expression::TemplateExpr(_) => text(a.expr()),
+                other => hcl::format::to_string(other).expect("an expression formats"),
+            };
+            (a.key().to_string(), value)
+        })
         .collect()
+}
+
+fn env_value(env: &[(String, String)], name: &str) -> Option<String> {
+    env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
 }
 
 fn runner_task_body(file: &str) -> Body {
@@ -319,6 +331,127 @@ fn runner_credentials_come_from_meta_or_the_prestart_file_never_both() {
         .find_map(|t| file_call(attr(t.body(), "data"), file))
         .expect("the mint script is a file()");
     assert!(mint_script.exists(), "{}", mint_script.display());
+}
+
+/// The vault-mode mint task sends the repo's admin token to the API of REPO_URL (or to
+/// GITHUB_API_URL). Whoever may dispatch the job chooses its meta, so neither may come from
+/// meta: both are the job file's own variables, the dispatched repo_url reaches the task only
+/// as DISPATCHED_REPO_URL (which the mint script compares, tests/runner_entrypoint.rs), and the
+/// runner task registers at the same job-file URL.
+#[test]
+fn the_vault_mode_admin_token_goes_only_to_the_repo_the_job_file_names() {
+    let file = "nomad/github-runner-vault.nomad.hcl";
+    let parsed = parse(file);
+    let job = block(&parsed, "job").body();
+    let group = labelled(job, "group", &["runner"]).body();
+    let mint = env_of(labelled(group, "task", &["mint"]).body());
+    let runner = env_of(labelled(group, "task", &["runner"]).body());
+
+    for name in ["REPO_URL", "GITHUB_API_URL"] {
+        let value = env_value(&mint, name).unwrap_or_else(|| panic!("{file}: mint sets no {name}"));
+        assert!(
+            value.starts_with("var.") && !value.contains("NOMAD_META"),
+            "{file}: the mint task's {name} = {value}, not a job file variable"
+        );
+        let variable = value.trim_start_matches("var.");
+        labelled(&parsed, "variable", &[variable]);
+    }
+    assert_eq!(
+        env_value(&mint, "DISPATCHED_REPO_URL").as_deref(),
+        Some("${NOMAD_META_repo_url}"),
+        "{file}: the mint script compares the dispatch's repo_url"
+    );
+    // Meta reaches the mint task only where it names the runner, never where a request goes.
+    for (name, value) in &mint {
+        if value.contains("NOMAD_META") {
+            assert!(
+                ["DISPATCHED_REPO_URL", "RUNNER_NAME", "RUNNER_LABELS"].contains(&name.as_str()),
+                "{file}: the mint task's {name} comes from dispatch meta: {value}"
+            );
+        }
+    }
+    assert_eq!(
+        env_value(&runner, "REPO_URL"),
+        env_value(&mint, "REPO_URL"),
+        "{file}: the runner registers where the mint task minted"
+    );
+
+    // The shipped default is the example document's vault-mode repo whose profile routes here.
+    let default = text(attr(
+        labelled(&parsed, "variable", &["repo_url"]).body(),
+        "default",
+    ));
+    let document: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_path("terraform/runners-config.json")).unwrap(),
+    )
+    .unwrap();
+    let job_id = block(&parsed, "job").labels()[0].as_str().to_string();
+    let served: Vec<String> = document
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, repo)| {
+            repo["profiles"]
+                .as_array()
+                .is_some_and(|ps| ps.iter().any(|p| p["job"] == job_id.as_str()))
+        })
+        .map(|(name, _)| format!("https://github.com/{name}"))
+        .collect();
+    assert_eq!(served, [default], "{file}: repo_url's default");
+}
+
+/// A runner that unwraps its credential at an https VAULT_ADDR can be given Vault's CA: the
+/// job renders it from the parent's Nomad Variable (nomad/jobs/<parent id>: a dispatched
+/// child's workload identity carries the parent's job id), guarded by nomadVarExists so a
+/// cluster with a public CA needs no Variable, into the file VAULT_CACERT names.
+#[test]
+fn runners_that_unwrap_at_an_https_vault_get_an_optional_ca_from_their_parents_variable() {
+    let mut checked = 0;
+    for file in RUNNER_JOBS {
+        let task = runner_task_body(file);
+        let env = env_of(&task);
+        let Some(vault) = env_value(&env, "VAULT_ADDR") else {
+            continue;
+        };
+        if !vault.starts_with("https://") {
+            continue;
+        }
+        let cacert = env_value(&env, "VAULT_CACERT")
+            .unwrap_or_else(|| panic!("{file}: VAULT_ADDR {vault} without VAULT_CACERT"));
+        let destination = cacert
+            .strip_prefix("${NOMAD_TASK_DIR}/")
+            .map(|rest| format!("local/{rest}"))
+            .unwrap_or_else(|| panic!("{file}: VAULT_CACERT {cacert} is not in the task dir"));
+        let templates = blocks(&task, "template");
+        let template = templates
+            .iter()
+            .map(|t| t.body())
+            .find(|t| text(attr(t, "destination")) == destination)
+            .unwrap_or_else(|| panic!("{file}: no template renders {destination}"));
+        let data = text(attr(template, "data"));
+        for needed in [
+            "nomadVarExists",
+            "nomadVar $path",
+            r#"printf "nomad/jobs/%s" (env "NOMAD_JOB_PARENT_ID")"#,
+            ".vault_ca",
+        ] {
+            assert!(
+                data.contains(needed),
+                "{file}: the CA template lacks {needed}: {data}"
+            );
+        }
+        // The guard comes first: an unguarded nomadVar blocks the task until the Variable
+        // exists.
+        assert!(
+            data.find("nomadVarExists") < data.find("with nomadVar"),
+            "{file}: {data}"
+        );
+        checked += 1;
+    }
+    assert!(
+        checked >= 2,
+        "only {checked} runner jobs unwrap at an https Vault"
+    );
 }
 
 /// In every group, a file one task writes is readable by the others: every task that sets a

@@ -636,6 +636,86 @@ fn a_credential_someone_else_unwrapped_first_exits_4_and_never_registers() {
     assert!(scratch.record("run.argv").is_none(), "no listener started");
 }
 
+/// The real curl on this machine's PATH, for stand-ins that record their argv and then run it.
+fn real_curl() -> PathBuf {
+    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|dir| dir.join("curl"))
+        .find(|path| path.is_file())
+        .expect("curl on PATH: the entrypoint unwraps with it")
+}
+
+/// A `curl` in `bin/` (ahead of the real one on the entrypoint's PATH) that records its argv,
+/// one argument a line, then runs the real curl with the same arguments and descriptors.
+fn install_recording_curl(scratch: &Scratch) {
+    let record = scratch.path("record");
+    write_script(
+        &scratch.path("bin/curl"),
+        &format!(
+            "#!/usr/bin/env bash\nprintf '%s\\n' \"$@\" > '{}/curl.argv'\nexec '{}' \"$@\"\n",
+            record.display(),
+            real_curl().display()
+        ),
+    );
+}
+
+/// The job files always set VAULT_CACERT and render it from an optional Nomad Variable: a
+/// non-empty file (a private CA) is Vault's CA for the unwrap, an empty one (no Variable, a
+/// public CA) is left out so the system CAs decide.
+#[test]
+fn a_vault_cacert_file_with_a_ca_reaches_curl_and_an_empty_one_does_not() {
+    for (name, ca, expect_cacert) in [
+        (
+            "ca",
+            "-----BEGIN CERTIFICATE-----\nnot-checked-over-http\n-----END CERTIFICATE-----\n",
+            true,
+        ),
+        ("no-ca", "", false),
+    ] {
+        let scratch = Scratch::new(&format!("vault-cacert-{name}"));
+        install_actions_runner(&scratch, Listener::Job);
+        install_recording_curl(&scratch);
+        std::fs::create_dir_all(scratch.path("task/ca")).unwrap();
+        let cacert = scratch.path("task/ca/vault.pem");
+        std::fs::write(&cacert, ca).unwrap();
+        let wrapping = "hvs.CAESIwrapping-token-with-a-ca";
+        let (address, vault) = start_vault(&[(wrapping, json!({ "jitconfig": jit_config() }))]);
+        let done = run(entrypoint(
+            &scratch,
+            &[
+                ("RUNNER_TOKEN", wrapping),
+                ("VAULT_ADDR", &address),
+                ("VAULT_CACERT", cacert.to_str().unwrap()),
+            ],
+        ));
+        done.assert_code(0);
+        assert_eq!(
+            vault.lock().unwrap().requests.len(),
+            1,
+            "{name}: one unwrap"
+        );
+
+        let argv: Vec<String> = scratch
+            .record("curl.argv")
+            .expect("the entrypoint unwrapped with curl")
+            .lines()
+            .map(str::to_string)
+            .collect();
+        let given = argv
+            .windows(2)
+            .find(|w| w[0] == "--cacert")
+            .map(|w| w[1].clone());
+        if expect_cacert {
+            assert_eq!(given.as_deref(), cacert.to_str(), "{name}: {argv:?}");
+        } else {
+            assert_eq!(
+                given, None,
+                "{name}: an empty CA file given to curl: {argv:?}"
+            );
+        }
+        assert_holds_none("curl's command line", &argv.join(" "), &[wrapping]);
+    }
+}
+
 #[test]
 fn an_idle_runner_is_stopped_with_sigint_and_exits_3() {
     let scratch = Scratch::new("idle");
@@ -866,6 +946,84 @@ fn start_github(jit: String) -> (String, GithubRequests) {
     (address, requests)
 }
 
+/// The vault-mode prestart task's script, as the job file runs it: REPO_URL is the job's own
+/// repo, DISPATCHED_REPO_URL the dispatch's repo_url meta, GITHUB_API_URL the stand-in GitHub.
+fn mint(
+    scratch: &Scratch,
+    api: &str,
+    header: &Path,
+    credential: &Path,
+    dispatched: &str,
+) -> Finished {
+    let mut command = Command::new("bash");
+    command
+        .arg(repo_path("nomad/runner/mint-github-credential.sh"))
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("TMPDIR", scratch.path("tmp"))
+        .env("REPO_URL", REPO_URL)
+        .env("DISPATCHED_REPO_URL", dispatched)
+        .env("RUNNER_NAME", RUNNER_NAME)
+        .env("RUNNER_LABELS", LABELS)
+        .env("GITHUB_API_URL", api)
+        .env("GITHUB_AUTH_HEADER_FILE", header)
+        .env("RUNNER_CREDENTIAL_FILE", credential)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    run(command)
+}
+
+/// Whoever may dispatch the vault-mode parent chooses its meta. A dispatch whose repo_url is
+/// not the job's own repo gets no credential minted: the script exits 2 naming both URLs and
+/// sends nothing, the admin token included, anywhere.
+#[test]
+fn vault_mode_refuses_a_dispatch_for_another_repo_and_sends_no_request() {
+    let scratch = Scratch::new("vault-mode-other-repo");
+    let (api, requests) = start_github(jit_config());
+    let admin = "ghp_the-repos-admin-token";
+    let header = scratch.path("tmp/github-auth-header");
+    std::fs::write(&header, format!("Authorization: Bearer {admin}")).unwrap();
+    let credential = scratch.path("alloc/runner-credential");
+
+    for dispatched in [
+        "https://attacker.example/x/y",
+        "https://github.com/acme/other",
+        "https://github.com/acme/api/../other",
+        "${NOMAD_META_repo_url}",
+        "",
+    ] {
+        let done = mint(&scratch, &api, &header, &credential, dispatched);
+        assert_eq!(done.code(), 2, "{dispatched:?}: {}", done.context());
+        if !dispatched.is_empty() && !dispatched.starts_with("${") {
+            for url in [dispatched, REPO_URL] {
+                assert!(
+                    done.stderr.contains(url),
+                    "{dispatched}: the refusal names {url}: {}",
+                    done.context()
+                );
+            }
+        }
+        assert_holds_none("the mint task's output", &done.context(), &[admin]);
+    }
+    assert!(
+        requests.lock().unwrap().is_empty(),
+        "a request went out for a dispatch of another repo: {:?}",
+        requests.lock().unwrap()
+    );
+    assert!(!credential.exists(), "a credential was left for the runner");
+
+    // The same repo, written as GitHub also accepts it, is not another repo.
+    let done = mint(
+        &scratch,
+        &api,
+        &header,
+        &credential,
+        "https://GitHub.com/ACME/api/",
+    );
+    done.assert_code(0);
+    assert_eq!(requests.lock().unwrap().len(), 1);
+}
+
 #[test]
 fn vault_mode_mints_a_jit_config_that_only_the_runner_reads_then_deletes() {
     use std::os::unix::fs::PermissionsExt;
@@ -878,24 +1036,8 @@ fn vault_mode_mints_a_jit_config_that_only_the_runner_reads_then_deletes() {
     std::fs::write(&header, format!("Authorization: Bearer {admin}")).unwrap();
     let credential = scratch.path("alloc/runner-credential");
 
-    let mint = run({
-        let mut command = Command::new("bash");
-        command
-            .arg(repo_path("nomad/runner/mint-github-credential.sh"))
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("TMPDIR", scratch.path("tmp"))
-            .env("REPO_URL", REPO_URL)
-            .env("RUNNER_NAME", RUNNER_NAME)
-            .env("RUNNER_LABELS", LABELS)
-            .env("GITHUB_API_URL", &api)
-            .env("GITHUB_AUTH_HEADER_FILE", &header)
-            .env("RUNNER_CREDENTIAL_FILE", &credential)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        command
-    });
-    mint.assert_code(0);
+    let minted = mint(&scratch, &api, &header, &credential, REPO_URL);
+    minted.assert_code(0);
     let asked = requests.lock().unwrap().clone();
     assert_eq!(asked.len(), 1, "one credential minted");
     let (path, authorization, body) = &asked[0];
@@ -914,7 +1056,7 @@ fn vault_mode_mints_a_jit_config_that_only_the_runner_reads_then_deletes() {
     );
     let mode = std::fs::metadata(&credential).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o400, "readable by its owner only");
-    assert_holds_none("the mint task's output", &mint.context(), &[admin, &jit]);
+    assert_holds_none("the mint task's output", &minted.context(), &[admin, &jit]);
 
     let done = run(entrypoint(
         &scratch,

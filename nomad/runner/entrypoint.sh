@@ -11,7 +11,9 @@
 #   RUNNER_CREDENTIAL_FILE     a file holding the credential (vault mode: the prestart task
 #                              writes it); read, then deleted
 #   RUNNER_CREDENTIAL_WRAPPED  auto (default) | true | false: see "Credentials" below
-#   VAULT_ADDR, VAULT_CACERT, VAULT_NAMESPACE   where a wrapped credential is unwrapped
+#   VAULT_ADDR, VAULT_CACERT, VAULT_NAMESPACE   where a wrapped credential is unwrapped;
+#                              VAULT_CACERT counts only when its file is not empty (the job
+#                              files render it from an optional Nomad Variable)
 #   RUNNER_IDLE_TIMEOUT        15m (default); 900s and 900 mean the same
 #   RUNNER_WORK_DIR            default $NOMAD_TASK_DIR/work: inside this allocation, never shared
 #   RUNNER_HOME                the actions runner's directory (config.sh, run.sh), /home/runner
@@ -131,11 +133,19 @@ kind='' jitconfig='' registration_token='' runner_uuid='' runner_secret=''
 if [[ $wrapped == true ]]; then
   [[ -n ${VAULT_ADDR:-} ]] || die 2 "the credential is wrapped but VAULT_ADDR is not set"
   url="${VAULT_ADDR%/}/v1/sys/wrapping/unwrap"
+  # The job files always set VAULT_CACERT and render the file from a Nomad Variable only when
+  # the operator put one (a private CA): an empty file means the system CAs decide.
+  cacert=
+  if [[ -s ${VAULT_CACERT:-} ]]; then
+    cacert=$VAULT_CACERT
+  elif [[ -n ${VAULT_CACERT:-} ]]; then
+    log "no CA in VAULT_CACERT ($VAULT_CACERT): Vault's certificate is checked against the system CAs"
+  fi
   if command -v curl >/dev/null; then
     # The wrapping token goes in a header read from a file descriptor, never on a command
     # line; no body and no other token (API-CONTRACTS 4.4: both at once revokes it).
     curl_args=(-sS -X POST -o "$state/unwrap" -w '%{http_code}' -H @/dev/fd/3)
-    [[ -n ${VAULT_CACERT:-} ]] && curl_args+=(--cacert "$VAULT_CACERT")
+    [[ -n $cacert ]] && curl_args+=(--cacert "$cacert")
     [[ -n ${VAULT_NAMESPACE:-} ]] && curl_args+=(-H "X-Vault-Namespace: $VAULT_NAMESPACE")
     status=$(curl "${curl_args[@]}" "$url" 3< <(printf 'X-Vault-Token: %s\n' "$credential")) ||
       die 1 "could not reach Vault at $VAULT_ADDR to unwrap the credential"
@@ -143,7 +153,9 @@ if [[ $wrapped == true ]]; then
     # BusyBox wget (the Alpine-based forgejo/runner image has no curl). It takes headers only
     # as flags, so the wrapping token is on its command line for the moment of the request,
     # before any job exists; it reports an HTTP error only as a message and keeps no body.
-    [[ -z ${VAULT_CACERT:-} ]] || log "wget cannot use VAULT_CACERT; the system CAs decide"
+    # It takes no CA file either: with a private CA, the image must carry the CA in its system
+    # bundle, or curl (README, "Vault with a private CA").
+    [[ -z $cacert ]] || log "wget cannot use VAULT_CACERT; the system CAs decide"
     wget_args=(-q -O "$state/unwrap" --header "X-Vault-Token: $credential" --post-data '')
     [[ -n ${VAULT_NAMESPACE:-} ]] && wget_args+=(--header "X-Vault-Namespace: $VAULT_NAMESPACE")
     if wget "${wget_args[@]}" "$url" 2>"$state/wget.err"; then

@@ -172,7 +172,7 @@ struct ChildMetaWire {
 struct DispatchBodyWire<'a> {
     #[serde(rename = "Meta")]
     meta: DispatchMetaWire<'a>,
-    /// Put by Nomad (1.5 or later) between `dispatch-` and the time in the child's id, so an
+    /// Put by Nomad (1.4.2 or later) between `dispatch-` and the time in the child's id, so an
     /// operator reads the repo off `nomad job status`. An older Nomad decodes the body without
     /// refusing unknown fields (`decodeBody` in command/agent/http.go) and ignores it: the id
     /// keeps its plain form, which the daemon recognises the same way.
