@@ -131,7 +131,18 @@ unset ACTIONS_RUNNER_INPUT_JITCONFIG
 job() {{
   [ "$1" = loud ] && echo "2026-01-01 00:00:00Z: Running job: build"
   # `sleep & wait`: bash would exec a last plain command and lose the Runner.Worker name.
-  exec -a Runner.Worker bash -c 'env > "$1"; sleep "$2" & wait' _ "$r/worker.env" {job_seconds} &
+  # A job step may read /proc/PID/environ of every process of its uid above it: what each
+  # ancestor was started with, whatever it unset later, goes to ancestors.environ.
+  exec -a Runner.Worker bash -c '
+    env > "$1"; seconds=$2; out=$3; p=$PPID
+    while [ "$p" -gt 1 ]; do
+      tr "\0" "\n" < "/proc/$p/environ" >> "$out" 2>/dev/null
+      stat=$(< "/proc/$p/stat") || break
+      stat=${{stat##*) }}
+      set -- $stat
+      p=$2
+    done
+    sleep "$seconds" & wait' _ "$r/worker.env" {job_seconds} "$r/ancestors.environ" &
   wait $!
   echo done > "$r/job.done"
 }}
@@ -573,7 +584,14 @@ fn a_registration_token_registers_one_ephemeral_runner_with_config_sh_then_runs(
         Some(REGISTRATION_TOKEN)
     );
 
-    for (what, file) in [("the listener", "run.env"), ("the job", "worker.env")] {
+    for (what, file) in [
+        ("the listener", "run.env"),
+        ("the job", "worker.env"),
+        (
+            "every process above the job at its start",
+            "ancestors.environ",
+        ),
+    ] {
         assert_holds_none(
             &format!("{what}'s environment"),
             &scratch.record(file).expect("recorded"),
@@ -608,6 +626,13 @@ fn a_wrapped_credential_is_unwrapped_once_with_only_the_wrapping_token() {
         "the job's environment",
         &scratch.record("worker.env").unwrap(),
         &[wrapping, &jit, PARENT_VAULT_TOKEN],
+    );
+    // The listener itself was started with the JIT config (the actions runner reads it from
+    // ACTIONS_RUNNER_INPUT_JITCONFIG), so only the other secrets are checked above the job.
+    assert_holds_none(
+        "the environment of every process above the job at its start",
+        &scratch.record("ancestors.environ").unwrap(),
+        &[wrapping, PARENT_VAULT_TOKEN, NOMAD_TOKEN],
     );
     assert_holds_none(
         "the entrypoint's output",

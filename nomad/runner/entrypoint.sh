@@ -43,10 +43,15 @@
 #   4  the wrapped credential had already been unwrapped by someone else (possible theft)
 #   1 or the runner's own code: the runner failed (a code of 2, 3 or 4 becomes 1)
 #
-# Secrets: every credential is read into an unexported shell variable and its variable is
-# unset before the listener starts; the listener starts from an environment rebuilt from an
-# allow-list, so no workflow step inherits RUNNER_TOKEN, NOMAD_META_runner_token,
-# VAULT_TOKEN, NOMAD_TOKEN or the unwrapped values.
+# Secrets: the script first starts itself again without any secret in its environment (see
+# below: /proc/PID/environ), with the credential in a file it reads and deletes. Every
+# credential is read into an unexported shell variable and unset before the listener starts;
+# the listener starts from an environment rebuilt from an allow-list, so no workflow step
+# inherits RUNNER_TOKEN, NOMAD_META_runner_token, VAULT_TOKEN, NOMAD_TOKEN or the unwrapped
+# values, nor finds them in this script's /proc/PID/environ. The one exception is the
+# actions runner's own: it is started with its JIT config in ACTIONS_RUNNER_INPUT_JITCONFIG,
+# which stays in its /proc/PID/environ; that config registers only this runner, which the
+# job runs on anyway.
 set -euo pipefail
 
 log() { printf 'runner-entrypoint: %s\n' "$*" >&2; }
@@ -56,6 +61,30 @@ die() {
   log "$*"
   exit "$code"
 }
+
+# ---- a start without secrets in the environment ----
+
+# /proc/PID/environ keeps the environment a process was started with, whatever the process
+# unsets later, and every process of the same uid may read it: every workflow step, since the
+# runner runs jobs as its own user. This script is the container's first process, so the
+# credential (a registration token is good for an hour, or for any number of runners) would
+# stay readable there for the runner's whole life. So the first start moves the credential to
+# a file only this uid reads (read and deleted below, before any listener exists) and starts
+# the script again, by exec, from an environment without any secret.
+if [[ -z ${RUNNER_ENTRYPOINT_RESTARTED:-} ]]; then
+  if [[ -z ${RUNNER_CREDENTIAL_FILE:-} && -n ${RUNNER_TOKEN:-} && $RUNNER_TOKEN != *'${'* ]]; then
+    handoff=$(umask 077 && mktemp -d "${TMPDIR:-/tmp}/runner-credential.XXXXXX") ||
+      die 1 "could not make a directory for the credential"
+    (umask 077 && printf '%s' "$RUNNER_TOKEN" >"$handoff/credential") ||
+      die 1 "could not write the credential to $handoff"
+    export RUNNER_CREDENTIAL_FILE=$handoff/credential RUNNER_CREDENTIAL_HANDOFF=$handoff
+  fi
+  unset RUNNER_TOKEN NOMAD_META_runner_token NOMAD_META_RUNNER_TOKEN VAULT_TOKEN NOMAD_TOKEN \
+    CONSUL_HTTP_TOKEN
+  export RUNNER_ENTRYPOINT_RESTARTED=1
+  exec bash "${BASH_SOURCE[0]}" "$@"
+fi
+unset RUNNER_ENTRYPOINT_RESTARTED
 
 # ---- settings ----
 
@@ -107,12 +136,15 @@ if [[ -n ${RUNNER_CREDENTIAL_FILE:-} ]]; then
   [[ -s $RUNNER_CREDENTIAL_FILE ]] || die 2 "RUNNER_CREDENTIAL_FILE $RUNNER_CREDENTIAL_FILE is missing or empty"
   credential=$(<"$RUNNER_CREDENTIAL_FILE")
   rm -f -- "$RUNNER_CREDENTIAL_FILE" || log "could not delete $RUNNER_CREDENTIAL_FILE"
+  if [[ -n ${RUNNER_CREDENTIAL_HANDOFF:-} ]]; then
+    rmdir -- "$RUNNER_CREDENTIAL_HANDOFF" || log "could not delete $RUNNER_CREDENTIAL_HANDOFF"
+  fi
 elif [[ -n ${RUNNER_TOKEN:-} && $RUNNER_TOKEN != *"$uninterpolated"* ]]; then
   credential=$RUNNER_TOKEN
 fi
 # The whole secret inventory of this task: none of it may reach the listener.
 unset RUNNER_TOKEN NOMAD_META_runner_token NOMAD_META_RUNNER_TOKEN VAULT_TOKEN NOMAD_TOKEN \
-  CONSUL_HTTP_TOKEN RUNNER_CREDENTIAL_FILE
+  CONSUL_HTTP_TOKEN RUNNER_CREDENTIAL_FILE RUNNER_CREDENTIAL_HANDOFF
 [[ -n $credential ]] || die 2 "no credential: set RUNNER_TOKEN (dispatch meta runner_token) or RUNNER_CREDENTIAL_FILE"
 
 state=$(mktemp -d "${TMPDIR:-/tmp}/runner-entrypoint.XXXXXX")
