@@ -52,7 +52,7 @@ pub struct ConsulSettings {
     /// `CONSUL_HTTP_TOKEN` (or the file named by `CONSUL_HTTP_TOKEN_FILE`); absent means the
     /// anonymous token.
     pub token: Option<SecretString>,
-    /// `CONSUL_CACERT` (first certificate of the file only; see the module docs).
+    /// `CONSUL_CACERT` (every certificate of the file).
     pub ca_cert: Option<PathBuf>,
     /// `CONSUL_CLIENT_CERT` and `CONSUL_CLIENT_KEY`.
     pub client_cert: Option<PathBuf>,
