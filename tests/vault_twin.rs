@@ -228,10 +228,9 @@ async fn the_client_reads_the_documented_read_body() {
     assert_eq!(value.expose_secret(), "bar");
 }
 
-#[tokio::test]
-async fn wrapping_answers_the_documented_shape_and_unwraps_once() {
-    let (twin, server) = twin().await;
-    let wrapped: Value = http()
+/// The fixture's request body wrapped for 300 s with the root token; the answer's body.
+async fn wrap_the_fixture(server: &TwinServer) -> Value {
+    http()
         .post(format!("{}/v1/sys/wrapping/wrap", server.base_url()))
         .header("X-Vault-Token", ROOT)
         .header("X-Vault-Wrap-TTL", "300")
@@ -241,7 +240,13 @@ async fn wrapping_answers_the_documented_shape_and_unwraps_once() {
         .unwrap()
         .json()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test]
+async fn wrapping_answers_the_documented_shape_and_unwraps_once() {
+    let (twin, server) = twin().await;
+    let wrapped = wrap_the_fixture(&server).await;
     assert_same_shape(&fixture("wrapping-wrap.response.json"), &wrapped, "wrap");
     assert_eq!(wrapped["data"], Value::Null);
     assert_eq!(wrapped["wrap_info"]["ttl"], 300);
@@ -282,17 +287,7 @@ async fn wrapping_answers_the_documented_shape_and_unwraps_once() {
 #[tokio::test]
 async fn unwrapping_with_the_token_in_both_places_loses_the_value() {
     let (_twin, server) = twin().await;
-    let wrapped: Value = http()
-        .post(format!("{}/v1/sys/wrapping/wrap", server.base_url()))
-        .header("X-Vault-Token", ROOT)
-        .header("X-Vault-Wrap-TTL", "300")
-        .json(&fixture("wrapping-wrap.request.json"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let wrapped = wrap_the_fixture(&server).await;
     let token = wrapped["wrap_info"]["token"].as_str().unwrap().to_string();
     let unwrap = |body: Option<Value>| {
         let request = http()
