@@ -74,6 +74,19 @@ fn assert_same_shape(doc: &Value, twin: &Value, extra: &[&str], at: &str) {
     }
 }
 
+/// A runner's labels as `(name, type)`: the label ids are the twin's own, the types are not.
+fn label_types(runner: &Value) -> Vec<(String, String)> {
+    runner["labels"]
+        .as_array()
+        .expect("labels")
+        .iter()
+        .map(|l| {
+            let text = |key: &str| l[key].as_str().expect("a string").to_string();
+            (text("name"), text("type"))
+        })
+        .collect()
+}
+
 fn jwt(claims: Value) -> String {
     jsonwebtoken::encode(
         &Header::new(Algorithm::RS256),
@@ -239,6 +252,36 @@ async fn twin_responses_have_the_fixture_shapes() {
         "reg",
     );
 
+    // The documentation's own JIT request: the answer is its example but for the runner id
+    // and the secret, down to the keys (no `ephemeral`, which only get-runner's example has)
+    // and the label types (`macOS` is one of GitHub's read-only default labels).
+    let (status, _, jit) = raw
+        .call(
+            reqwest::Method::POST,
+            "/repos/octo-org/octo-repo/actions/runners/generate-jitconfig",
+            &token,
+            Some(fixture("generate-jitconfig.request.json")),
+        )
+        .await;
+    assert_eq!(status, 201, "{jit}");
+    let doc = fixture("generate-jitconfig.response.json");
+    assert_same_shape(&doc, &jit, &[], "jit");
+    let without_ids = |runner: &Value| {
+        let mut runner = runner.clone();
+        runner.as_object_mut().unwrap().remove("id");
+        for label in runner["labels"].as_array_mut().unwrap() {
+            label.as_object_mut().unwrap().remove("id");
+        }
+        runner
+    };
+    assert_eq!(without_ids(&jit["runner"]), without_ids(&doc["runner"]));
+    assert!(
+        jit["encoded_jit_config"]
+            .as_str()
+            .is_some_and(|c| !c.is_empty())
+    );
+    let jit_runner = jit["runner"]["id"].as_u64().unwrap();
+
     let (status, _, body) = raw
         .call(
             reqwest::Method::GET,
@@ -254,6 +297,22 @@ async fn twin_responses_have_the_fixture_shapes() {
         &[],
         "runners",
     );
+    let listed = fixture("list-runners-for-repo.response.json");
+    assert_eq!(
+        label_types(&body["runners"][0]),
+        label_types(&listed["runners"][0]),
+        "linux_runner has the example's labels"
+    );
+    // Listed, the JIT runner is the get-runner shape (with `ephemeral`), offline until its
+    // runner binary connects.
+    let listed_jit = body["runners"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == jit_runner)
+        .expect("the JIT runner is listed");
+    assert_eq!(listed_jit["status"], "offline");
+    assert_eq!(label_types(listed_jit), label_types(&listed["runners"][1]));
     let runner_id = body["runners"][0]["id"].as_u64().unwrap();
     assert_eq!(body["runners"][0]["busy"], true);
     let path = format!("/repos/octo-org/octo-repo/actions/runners/{runner_id}");
@@ -522,6 +581,178 @@ async fn twin_refuses_requests_github_would_refuse() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn twin_refuses_a_jit_request_without_a_runner_group() {
+    let twin = GitHubTwin::new();
+    let server = twin.start().await.unwrap();
+    let repo = RepoName::parse("acme/api").unwrap();
+    let installation = twin.install_app("acme");
+    twin.add_repo(&repo);
+    let raw = Raw::new(&server);
+    let token = token(&raw, installation, json!({})).await;
+    let mut request = fixture("generate-jitconfig.request.json");
+    request.as_object_mut().unwrap().remove("runner_group_id");
+    let (status, _, body) = raw
+        .call(
+            reqwest::Method::POST,
+            "/repos/acme/api/actions/runners/generate-jitconfig",
+            &token,
+            Some(request),
+        )
+        .await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(
+        body["message"],
+        "Invalid request.\n\n\"runner_group_id\" wasn't supplied."
+    );
+    assert!(twin.runners(&repo).is_empty(), "nothing registered");
+}
+
+#[tokio::test]
+async fn twin_run_status_filter_takes_conclusions_and_caps_a_search_at_1000() {
+    let twin = GitHubTwin::new();
+    let server = twin.start().await.unwrap();
+    let repo = RepoName::parse("acme/api").unwrap();
+    let installation = twin.install_app("acme");
+    let cancelled = twin.add_run(&repo, vec![vec!["self-hosted"]]);
+    twin.cancel_job(&repo, cancelled.job_ids[0]).unwrap();
+    for _ in 0..1001 {
+        twin.add_run(&repo, vec![vec!["self-hosted"]]);
+    }
+    let raw = Raw::new(&server);
+    let token = token(&raw, installation, json!({})).await;
+    let total = |query: &'static str| {
+        let (raw, token) = (&raw, &token);
+        async move {
+            let path = format!("/repos/acme/api/actions/runs?{query}");
+            let (status, _, body) = raw.call(reqwest::Method::GET, &path, token, None).await;
+            assert_eq!(status, 200, "{query}: {body}");
+            body["total_count"].as_u64().unwrap()
+        }
+    };
+    assert_eq!(
+        total("status=cancelled&per_page=1").await,
+        1,
+        "a conclusion"
+    );
+    assert_eq!(total("status=completed&per_page=1").await, 1, "a status");
+    assert_eq!(total("status=success&per_page=1").await, 0);
+    assert_eq!(total("status=queued&per_page=1").await, 1000, "a search");
+    assert_eq!(total("per_page=1").await, 1002, "no filter: no search");
+}
+
+#[tokio::test]
+async fn injected_faults_answer_as_github_would() {
+    let twins = support::twins::Twins::start().await;
+    let repo = twins.add_app_repo("acme/api");
+    let raw = Raw::new(&twins.github_server);
+    let installation = twins.github.install_app("acme");
+    let token = token(&raw, installation, json!({})).await;
+    let (_, healthy, _) = raw
+        .call(
+            reqwest::Method::GET,
+            "/repos/acme/api/actions/runs",
+            &token,
+            None,
+        )
+        .await;
+    let remaining = |headers: &reqwest::header::HeaderMap| -> u64 {
+        headers["x-ratelimit-remaining"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+
+    let cases = [
+        (
+            reqwest::Method::GET,
+            "/repos/acme/api/actions/runs",
+            403,
+            "Resource not accessible by integration",
+            Some("actions=read"),
+        ),
+        (
+            reqwest::Method::GET,
+            "/repos/acme/api/actions/runners",
+            403,
+            "Resource not accessible by integration",
+            Some("administration=read"),
+        ),
+        (
+            reqwest::Method::POST,
+            "/repos/acme/api/actions/runners/registration-token",
+            403,
+            "Resource not accessible by integration",
+            Some("administration=write"),
+        ),
+        (
+            reqwest::Method::GET,
+            "/repos/acme/api/actions/runs",
+            404,
+            "Not Found",
+            None,
+        ),
+        (
+            reqwest::Method::GET,
+            "/repos/acme/api/actions/runs",
+            500,
+            "Server Error",
+            None,
+        ),
+        (
+            reqwest::Method::GET,
+            "/repos/acme/api/actions/runs",
+            502,
+            "Server Error",
+            None,
+        ),
+        (
+            reqwest::Method::GET,
+            "/repos/acme/api/actions/runs",
+            401,
+            "Bad credentials",
+            None,
+        ),
+    ];
+    for (method, path, status, message, accepted) in cases {
+        twins
+            .github_faults
+            .fail_repo(&repo, StatusCode::from_u16(status).unwrap());
+        let (answered, headers, body) = raw.call(method, path, &token, None).await;
+        assert_eq!(
+            (answered, body["message"].as_str()),
+            (status, Some(message)),
+            "{path}"
+        );
+        assert_eq!(
+            headers
+                .get("x-accepted-github-permissions")
+                .map(|v| v.to_str().unwrap()),
+            accepted,
+            "{status} {path}"
+        );
+        for name in [
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-used",
+            "x-ratelimit-reset",
+            "x-ratelimit-resource",
+        ] {
+            assert!(headers.contains_key(name), "{status} {path}: {name}");
+        }
+        if status == 401 {
+            // GitHub ignored the credential: the unauthenticated budget.
+            assert_eq!(headers["x-ratelimit-limit"], "60");
+        } else {
+            // The installation's budget as the twin keeps it, the fault not charged.
+            assert_eq!(remaining(&headers), remaining(&healthy), "{status} {path}");
+            assert_eq!(headers["x-ratelimit-reset"], healthy["x-ratelimit-reset"]);
+        }
+    }
+    twins.github_faults.heal(&repo);
 }
 
 /// Vault is not used by these tests.

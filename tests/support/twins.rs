@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::Request;
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use rand::SeedableRng;
@@ -20,7 +20,9 @@ use runner_scaler::sim::daemon_clients::{TwinAddresses, TwinCredentials};
 use runner_scaler::sim::twins::TwinServer;
 use runner_scaler::sim::twins::consul::ConsulTwin;
 use runner_scaler::sim::twins::forgejo::ForgejoTwin;
-use runner_scaler::sim::twins::github::{GitHubTwin, TEST_APP_ID, TEST_APP_PRIVATE_KEY_PEM};
+use runner_scaler::sim::twins::github::{
+    GitHubTwin, TEST_APP_ID, TEST_APP_PRIVATE_KEY_PEM, accepted_permissions,
+};
 use runner_scaler::sim::twins::nomad::{NomadTwin, PayloadRule, TwinJob};
 use runner_scaler::sim::twins::vault::{VaultPolicy, VaultTwin};
 use serde_json::json;
@@ -112,26 +114,86 @@ impl GitHubFaults {
     }
 }
 
-async fn github_fault_layer(faults: GitHubFaults, request: Request, next: Next) -> Response {
-    match faults.status_for(request.uri().path()) {
-        Some(status) => {
-            let message = match status {
-                StatusCode::UNAUTHORIZED => "Bad credentials",
-                _ => "Server Error",
-            };
-            (
-                status,
-                [("content-type", "application/json; charset=utf-8")],
-                json!({
-                    "message": message,
-                    "documentation_url": "https://docs.github.com/rest"
-                })
-                .to_string(),
-            )
-                .into_response()
+/// GitHub's `message` for an error status: what its REST API says in the JSON body.
+fn github_message(status: StatusCode, token_is_a_pat: bool) -> &'static str {
+    match status {
+        StatusCode::UNAUTHORIZED => "Bad credentials",
+        // A token without the route's permission (rate-limit 403s carry their own message
+        // and `x-ratelimit-remaining: 0`, which an injected fault does not imitate).
+        StatusCode::FORBIDDEN if token_is_a_pat => {
+            "Resource not accessible by personal access token"
         }
-        None => next.run(request).await,
+        StatusCode::FORBIDDEN => "Resource not accessible by integration",
+        StatusCode::NOT_FOUND => "Not Found",
+        StatusCode::CONFLICT => "Conflict",
+        StatusCode::UNPROCESSABLE_ENTITY => "Validation Failed",
+        StatusCode::SERVICE_UNAVAILABLE => "Service Unavailable",
+        _ if status.is_server_error() => "Server Error",
+        _ => status.canonical_reason().unwrap_or("Error"),
     }
+}
+
+/// Answers a faulted request as GitHub would answer with that status: GitHub's message, the
+/// `x-ratelimit-*` headers GitHub sends on every response (API-CONTRACTS §1.8) and, on a 403,
+/// the permission the route needs in `X-Accepted-GitHub-Permissions` (§1.0).
+async fn github_fault_layer(
+    faults: GitHubFaults,
+    github: GitHubTwin,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(status) = faults.status_for(request.uri().path()) else {
+        return next.run(request).await;
+    };
+    // Installation tokens start `ghs_`; anything else the twins accept is a PAT.
+    let token_is_a_pat = request
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .is_some_and(|(_, token)| !token.trim().starts_with("ghs_"));
+    // The holder's budget as the twin keeps it, nothing charged. A 401 is GitHub ignoring the
+    // credential: the answer then shows the unauthenticated budget of 60 an hour.
+    let rate = github
+        .rate_limit_headers(request.headers())
+        .filter(|_| status != StatusCode::UNAUTHORIZED)
+        .unwrap_or_else(|| {
+            let reset = github.now().timestamp() + 3600;
+            vec![
+                ("x-ratelimit-limit", "60".to_string()),
+                ("x-ratelimit-remaining", "59".to_string()),
+                ("x-ratelimit-used", "1".to_string()),
+                ("x-ratelimit-reset", reset.to_string()),
+                ("x-ratelimit-resource", "core".to_string()),
+            ]
+        });
+    let mut response = (
+        status,
+        [("content-type", "application/json; charset=utf-8")],
+        json!({
+            "message": github_message(status, token_is_a_pat),
+            "documentation_url": "https://docs.github.com/rest"
+        })
+        .to_string(),
+    )
+        .into_response();
+    let headers = response.headers_mut();
+    for (name, value) in rate {
+        headers.insert(name, HeaderValue::from_str(&value).expect("a header value"));
+    }
+    if status == StatusCode::FORBIDDEN
+        && let Some(accepted) = accepted_permissions(request.method(), request.uri().path())
+    {
+        headers.insert(
+            "x-accepted-github-permissions",
+            HeaderValue::from_str(&accepted).expect("a header value"),
+        );
+    }
+    headers.insert(
+        "x-github-api-version-selected",
+        HeaderValue::from_static("2022-11-28"),
+    );
+    response
 }
 
 /// The five twins and their servers.
@@ -161,7 +223,10 @@ impl Twins {
         let vault = VaultTwin::new();
         let github_router = github.router().layer(middleware::from_fn({
             let faults = github_faults.clone();
-            move |request: Request, next: Next| github_fault_layer(faults.clone(), request, next)
+            let github = github.clone();
+            move |request: Request, next: Next| {
+                github_fault_layer(faults.clone(), github.clone(), request, next)
+            }
         }));
         let start = |router| async { TwinServer::start(router).await.expect("serve a twin") };
         let twins = Twins {

@@ -46,7 +46,10 @@ use crate::model::{ErrorClass, RepoName, RunnerName};
 use crate::observe::{PortError, QueueSource, RepoJobs, RunnerRegistration};
 use crate::secrets::SecretSource;
 use crate::sim::twins;
-use crate::sim::twins::github::{JWT_UNDECODABLE, Query, TEST_APP_ID, check_app_jwt};
+use crate::sim::twins::github::{
+    DOCS_JIT, JIT_NAME_TAKEN, JWT_UNDECODABLE, JitRequest, Query, RUN_SEARCH_CAP, TEST_APP_ID,
+    check_app_jwt, jit_config_json, runner_labels_json,
+};
 
 /// The App's key pair. 1024 bits, not the 2048 GitHub requires: the real client signs a
 /// JWT per App call, and a sweep of thousands of seeds feels every millisecond of RSA.
@@ -774,62 +777,63 @@ impl GitHubHttp {
                 });
                 Ok(Reply::json(StatusCode::CREATED, body.to_string()))
             }
-            Route::GenerateJitConfig(repo) => {
-                let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-                let (Some(name), Some(labels)) =
-                    (request["name"].as_str(), request["labels"].as_array())
-                else {
-                    return Served::Answer(
-                        Reply::error(
-                            StatusCode::UNPROCESSABLE_ENTITY,
-                            "Invalid request.",
-                            DOCS_REST,
-                        )
-                        .into_response(),
-                    );
-                };
-                let config = sim.mint_canary();
-                let Sim { world, trace, .. } = &mut *sim;
-                Ok(
-                    match world.register_jit(t, repo, &RunnerName(name.to_string()), trace) {
+            Route::GenerateJitConfig(repo) => Ok(match JitRequest::parse(body) {
+                // The twin's checks: without `runner_group_id`, among others, GitHub answers
+                // 422 (gotcha 5), and the refusal is billed like any answer.
+                Err((status, message)) => Reply::error(status, &message, DOCS_JIT),
+                Ok(request) => {
+                    let config = sim.mint_canary();
+                    let Sim { world, trace, .. } = &mut *sim;
+                    match world.register_jit(t, repo, &RunnerName(request.name.clone()), trace) {
                         Some(id) => {
                             sim.requests.github_token_mints += 1;
-                            let body = json!({
-                                "runner": {
-                                    "id": id, "name": name, "os": "unknown",
-                                    "status": "offline", "busy": false,
-                                    "labels": labels.iter().enumerate().map(|(i, l)| json!({
-                                        "id": i + 1, "name": l, "type": "custom",
-                                    })).collect::<Vec<_>>(),
-                                },
-                                "encoded_jit_config": secrecy::ExposeSecret::expose_secret(&config),
-                            });
+                            let body = jit_config_json(
+                                id,
+                                &request.name,
+                                &request.labels,
+                                secrecy::ExposeSecret::expose_secret(&config),
+                            );
                             Reply::json(StatusCode::CREATED, body.to_string())
                         }
-                        None => Reply::error(
-                            StatusCode::CONFLICT,
-                            "Already exists - A runner with the name already exists.",
-                            DOCS_REST,
-                        ),
-                    },
-                )
-            }
+                        None => Reply::error(StatusCode::CONFLICT, JIT_NAME_TAKEN, DOCS_JIT),
+                    }
+                }
+            }),
             Route::ListRunners(repo) => {
-                let runners: Vec<Value> = sim
+                // `name` filters (exactly, as the twin does); `per_page`/`page` slice, with
+                // the `Link` header when more than one page: a fleet of more than 100 runners
+                // takes the client several requests, each billed.
+                let wanted = query.get("name");
+                let registrations: Vec<(u64, RunnerName, bool, bool)> = sim
                     .world
                     .registrations_of(repo)
                     .into_iter()
+                    .filter(|(_, name, ..)| wanted.is_none_or(|w| w == name.0))
+                    .collect();
+                let total = registrations.len();
+                let base = format!(
+                    "{API_URL}/repositories/{}/actions/runners",
+                    repo_id(sim, repo)
+                );
+                let (range, link) = query.page(total, &base);
+                let runners: Vec<Value> = registrations[range]
+                    .iter()
                     .map(|(id, name, online, busy)| {
+                        // The world keeps no runner's labels: every one shows `self-hosted`.
                         json!({
                             "id": id, "name": name.0, "os": "linux",
-                            "status": if online { "online" } else { "offline" },
+                            "status": if *online { "online" } else { "offline" },
                             "busy": busy, "ephemeral": true,
-                            "labels": [{"id": 1, "name": "self-hosted", "type": "read-only"}],
+                            "labels": runner_labels_json(&["self-hosted"]),
                         })
                     })
                     .collect();
-                let body = json!({ "total_count": runners.len(), "runners": runners });
-                Ok(Reply::json(StatusCode::OK, body.to_string()))
+                let body = json!({ "total_count": total, "runners": runners });
+                let reply = Reply::json(StatusCode::OK, body.to_string());
+                Ok(match link {
+                    Some(link) => reply.header("link", link),
+                    None => reply,
+                })
             }
             Route::DeleteRunner(repo, id) => {
                 let Sim { world, trace, .. } = &mut *sim;
@@ -1101,11 +1105,16 @@ fn digest(parts: impl IntoIterator<Item = String>) -> String {
 }
 
 fn runs_page(sim: &Sim, repo: &RepoName, query: &Query) -> Page<RunView> {
-    let wanted = query.get("status");
+    // `status` takes a status or a conclusion, as the twin's does; the world lists only
+    // unfinished runs, whose conclusion is null, so a conclusion matches none of them.
     let mut runs: Vec<RunView> = runs_of(sim, repo)
         .into_iter()
-        .filter(|r| wanted.is_none_or(|w| w == r.status))
+        .filter(|r| query.run_status_matches(r.status, None))
         .collect();
+    // A filtered listing is a search, capped at 1,000 runs (newest first) like GitHub's.
+    if query.is_run_search() {
+        runs.truncate(RUN_SEARCH_CAP);
+    }
     let total = runs.len();
     let base = format!("{API_URL}/repositories/{}/actions/runs", repo_id(sim, repo));
     let (range, link) = query.page(total, &base);
@@ -1874,6 +1883,187 @@ mod tests {
         documented.insert("created_at".into());
         assert_eq!(keys(&rendered["jobs"][0]), documented);
         assert_eq!(rendered["jobs"][0]["runner_name"], "ci-runner-1");
+    }
+
+    /// Serves one request to `http` with an installation token for `repo` that may do
+    /// everything the daemon does: the status, the `Link` header and the body.
+    fn call(
+        http: &GitHubHttp,
+        method: Method,
+        uri: &str,
+        repo: &RepoName,
+        body: Option<Value>,
+    ) -> (StatusCode, Option<String>, Value) {
+        let token = "ghs_test_token";
+        http.state().tokens.insert(
+            token.to_string(),
+            Grant {
+                repos: BTreeSet::from([repo.clone()]),
+                permissions: BTreeMap::from([
+                    ("actions".to_string(), "read".to_string()),
+                    ("administration".to_string(), "write".to_string()),
+                ]),
+                expires_s: u64::MAX,
+            },
+        );
+        let (parts, ()) = http::Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("authorization", format!("Bearer {token}"))
+            .body(())
+            .expect("a request")
+            .into_parts();
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let Served::Answer(response) = http.serve(&parts, body.as_bytes()) else {
+            panic!("no faults in a quiet world");
+        };
+        let link = response
+            .headers()
+            .get("link")
+            .map(|v| v.to_str().expect("text").to_string());
+        let status = response.status();
+        let body = serde_json::from_str(response.body()).unwrap_or(Value::Null);
+        (status, link, body)
+    }
+
+    #[test]
+    fn runners_are_listed_by_page_with_a_link_and_filtered_by_name() {
+        let shared = quiet_world();
+        let forge = GitHubForge::new(&shared, true);
+        let app = repo(&shared, APP_REPO);
+        {
+            let mut sim = lock(&shared);
+            let Sim { world, trace, .. } = &mut *sim;
+            for i in 0..150 {
+                let name = RunnerName(format!("ci-runner-{i:03}"));
+                world
+                    .register_jit(5, &app.repo, &name, trace)
+                    .expect("a new name");
+            }
+        }
+        let listed = runtime()
+            .block_on(forge.list_runners(&app))
+            .expect("listed");
+        assert_eq!(listed.len(), 150, "both pages walked");
+        let pages = lock(&shared).requests.github_primary_by_kind["GET runners"];
+        assert_eq!(pages, 2, "one billed request per page of 100");
+
+        let path = format!("/repos/{}/actions/runners", app.repo);
+        let (status, link, body) = call(
+            forge.http(),
+            Method::GET,
+            &format!("{path}?per_page=100&page=2"),
+            &app.repo,
+            None,
+        );
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body["total_count"], 150);
+        assert_eq!(body["runners"].as_array().expect("runners").len(), 50);
+        let link = link.expect("two pages: a Link header");
+        assert!(
+            link.contains("per_page=100&page=1>; rel=\"prev\""),
+            "{link}"
+        );
+        assert!(!link.contains("rel=\"next\""), "{link}");
+
+        let (status, link, body) = call(
+            forge.http(),
+            Method::GET,
+            &format!("{path}?name=ci-runner-042"),
+            &app.repo,
+            None,
+        );
+        assert_eq!((status, link), (StatusCode::OK, None));
+        assert_eq!(body["total_count"], 1);
+        assert_eq!(body["runners"][0]["name"], "ci-runner-042");
+    }
+
+    #[test]
+    fn a_jit_config_follows_its_example_and_needs_a_runner_group() {
+        let shared = quiet_world();
+        let forge = GitHubForge::new(&shared, true);
+        let app = repo(&shared, APP_REPO);
+        let path = format!("/repos/{}/actions/runners/generate-jitconfig", app.repo);
+        let example: Value = serde_json::from_str(include_str!(
+            "../../../tests/fixtures/github/generate-jitconfig.request.json"
+        ))
+        .expect("JSON");
+        let mut without_group = example.clone();
+        without_group
+            .as_object_mut()
+            .expect("an object")
+            .remove("runner_group_id");
+        let (status, _, body) = call(
+            forge.http(),
+            Method::POST,
+            &path,
+            &app.repo,
+            Some(without_group),
+        );
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        assert_eq!(
+            body["message"],
+            "Invalid request.\n\n\"runner_group_id\" wasn't supplied."
+        );
+        assert!(lock(&shared).world.registrations_of(&app.repo).is_empty());
+
+        let (status, _, body) = call(forge.http(), Method::POST, &path, &app.repo, Some(example));
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        let documented: Value = serde_json::from_str(include_str!(
+            "../../../tests/fixtures/github/generate-jitconfig.response.json"
+        ))
+        .expect("JSON");
+        // The example runner but for the ids: no `ephemeral`, `macOS` read-only.
+        let without_ids = |runner: &Value| {
+            let mut runner = runner.clone();
+            runner.as_object_mut().expect("an object").remove("id");
+            for label in runner["labels"].as_array_mut().expect("labels") {
+                label.as_object_mut().expect("an object").remove("id");
+            }
+            runner
+        };
+        assert_eq!(
+            without_ids(&body["runner"]),
+            without_ids(&documented["runner"])
+        );
+        assert!(
+            body["encoded_jit_config"]
+                .as_str()
+                .is_some_and(|c| c.starts_with(CANARY))
+        );
+    }
+
+    #[test]
+    fn the_run_status_filter_takes_conclusions_and_a_search_is_capped_at_1000() {
+        let shared = quiet_world();
+        let forge = GitHubForge::new(&shared, true);
+        let app = repo(&shared, APP_REPO);
+        {
+            let mut sim = lock(&shared);
+            let job = sim
+                .world
+                .jobs
+                .values()
+                .find(|j| j.repo == app.repo && j.forge == ForgeKind::GitHub)
+                .expect("the burst queued work here")
+                .clone();
+            for i in 0..1200 {
+                let mut job = job.clone();
+                job.run = 9_000_000 + i;
+                job.visible = Visible::Queued;
+                sim.world.jobs.insert(8_000_000 + i, job);
+            }
+        }
+        let total = |query: &str| {
+            let uri = format!("/repos/{}/actions/runs?{query}", app.repo);
+            let (status, _, body) = call(forge.http(), Method::GET, &uri, &app.repo, None);
+            assert_eq!(status, StatusCode::OK, "{query}: {body}");
+            body["total_count"].as_u64().expect("a count")
+        };
+        assert_eq!(total("status=queued&per_page=1"), 1000, "a search");
+        assert!(total("per_page=1") > 1200, "no filter: no search, no cap");
+        // The world lists unfinished runs only: no conclusion to match.
+        assert_eq!(total("status=success&per_page=1"), 0);
     }
 
     #[test]

@@ -875,6 +875,31 @@ impl GitHubTwin {
         self.lock().forced_limit = answer;
     }
 
+    /// The `x-ratelimit-*` headers the twin would send with an answer to a request carrying
+    /// `headers`: the budget of the token's holder (or the App's, for a valid JWT) as it
+    /// stands, nothing charged. `None` when the credential is unknown, expired or missing.
+    /// For an answer made outside the twin (an injected fault), since GitHub sends these
+    /// headers on every response (API-CONTRACTS §1.8).
+    pub fn rate_limit_headers(&self, headers: &HeaderMap) -> Option<Vec<(&'static str, String)>> {
+        let mut twin = self.lock();
+        let now = twin.now();
+        let holder = match bearer(headers).and_then(|token| twin.tokens.get(&token).cloned()) {
+            Some(grant) if grant.expires_at.is_none_or(|t| t > now) => grant.holder.key(),
+            Some(_) => return None,
+            None if twin.verify_jwt(headers).is_ok() => "app".to_string(),
+            None => return None,
+        };
+        let probe = twin.rate_headers(
+            &holder,
+            Reply {
+                status: StatusCode::OK,
+                headers: Vec::new(),
+                body: None,
+            },
+        );
+        Some(probe.headers)
+    }
+
     pub fn token_requests(&self) -> Vec<TokenRequest> {
         self.lock().token_requests.clone()
     }
@@ -1038,6 +1063,15 @@ impl Endpoint {
     }
 }
 
+/// The `X-Accepted-GitHub-Permissions` value GitHub sends when a token lacks the permission
+/// `method path` needs (e.g. `actions=read`); `None` for a route the twin does not serve or
+/// that needs no repository permission (the App's own routes).
+pub fn accepted_permissions(method: &Method, path: &str) -> Option<String> {
+    let (endpoint, _) = parse_route(method, path)?;
+    let (permission, level) = endpoint.permission()?;
+    Some(format!("{permission}={level}"))
+}
+
 /// Where a repo route points: `/repos/{owner}/{repo}/…` or `/repositories/{id}/…` (the form
 /// GitHub uses in `Link` headers).
 enum RepoRef {
@@ -1135,6 +1169,30 @@ impl Query {
         self.get(key)
             .and_then(|v| v.parse().ok())
             .unwrap_or(default)
+    }
+
+    /// Whether a run of `status` and `conclusion` is listed under the runs listing's `status`
+    /// filter, which takes a status or a conclusion (`status=success` lists the completed runs
+    /// that succeeded: API-CONTRACTS §1.1); every run when there is no filter.
+    pub(crate) fn run_status_matches(&self, status: &str, conclusion: Option<&str>) -> bool {
+        self.get("status")
+            .is_none_or(|wanted| wanted == status || Some(wanted) == conclusion)
+    }
+
+    /// Whether a runs listing is a search, whose results GitHub caps at [`RUN_SEARCH_CAP`]:
+    /// any of these filters makes it one (API-CONTRACTS §1.1, gotcha 1).
+    pub(crate) fn is_run_search(&self) -> bool {
+        [
+            "actor",
+            "branch",
+            "check_suite_id",
+            "created",
+            "event",
+            "head_sha",
+            "status",
+        ]
+        .iter()
+        .any(|k| self.get(k).is_some())
     }
 
     /// `per_page`/`page` of `total` items: the range shown and GitHub's `Link` header, with
@@ -1733,63 +1791,32 @@ impl Twin {
     /// as GitHub documents it, registers the runner offline under the given name and labels,
     /// and answers 201 with the runner and an encoded configuration that is a fresh secret.
     fn generate_jit_config(&mut self, repo: &RepoName, body: &[u8]) -> Reply {
-        const DOCS: &str = "https://docs.github.com/rest/actions/self-hosted-runners#create-configuration-for-a-just-in-time-runner-for-a-repository";
-        let Ok(request) = serde_json::from_slice::<Value>(body) else {
-            return Reply::error(StatusCode::BAD_REQUEST, "Problems parsing JSON", DOCS);
+        let request = match JitRequest::parse(body) {
+            Ok(request) => request,
+            Err((status, message)) => return Reply::error(status, &message, DOCS_JIT),
         };
-        let invalid = |what: &str| {
-            Reply::error(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                &format!("Invalid request.\n\n{what}"),
-                DOCS,
-            )
-        };
-        let Some(name) = request["name"].as_str() else {
-            return invalid("\"name\" wasn't supplied.");
-        };
-        if request["runner_group_id"].as_u64().is_none() {
-            return invalid("\"runner_group_id\" wasn't supplied.");
-        }
-        let labels: Option<Vec<String>> = request["labels"].as_array().and_then(|labels| {
-            labels
-                .iter()
-                .map(|l| l.as_str().map(str::to_string))
-                .collect()
-        });
-        let Some(labels) = labels.filter(|l| (1..=100).contains(&l.len())) else {
-            return invalid("\"labels\" must be an array of 1 to 100 strings.");
-        };
-        if !request["work_folder"].is_null() && !request["work_folder"].is_string() {
-            return invalid("\"work_folder\" must be a string.");
-        }
+        let name = request.name;
         if self
             .repos
             .get(repo)
             .is_some_and(|state| state.runners.values().any(|r| r.name == name))
         {
-            return Reply::error(
-                StatusCode::CONFLICT,
-                "Already exists - A runner with the name already exists.",
-                DOCS,
-            );
+            return Reply::error(StatusCode::CONFLICT, JIT_NAME_TAKEN, DOCS_JIT);
         }
         let id = self.id();
-        let runner = RunnerState {
-            id,
-            name: name.to_string(),
-            labels,
-            online: false,
-            busy: false,
-        };
-        let mut body = TEMPLATES.jit_config.clone();
-        body["runner"] = runner_json(&runner);
-        body["runner"]["os"] = json!("unknown");
         let secret = random_string(40, b"abcdefghijklmnopqrstuvwxyz0123456789");
         use base64::Engine;
         let encoded = base64::engine::general_purpose::STANDARD
             .encode(json!({ ".runner": name, ".credentials": secret }).to_string());
-        body["encoded_jit_config"] = json!(encoded);
+        let body = jit_config_json(id, &name, &request.labels, &encoded);
         self.issued.push(encoded);
+        let runner = RunnerState {
+            id,
+            name,
+            labels: request.labels,
+            online: false,
+            busy: false,
+        };
         self.repo_mut(repo).runners.insert(id, runner);
         Reply::json(StatusCode::CREATED, body)
     }
@@ -1806,28 +1833,16 @@ impl Twin {
         let links = format!("{base}/repositories/{}", state.id);
         match endpoint {
             Endpoint::ListRuns => {
-                let status = query.get("status");
                 let mut runs: Vec<&RunState> = state
                     .runs
                     .values()
                     .filter(|run| {
-                        let (s, c) = state.run_status(run);
-                        status.is_none_or(|wanted| wanted == s || Some(wanted) == c)
+                        let (status, conclusion) = state.run_status(run);
+                        query.run_status_matches(status, conclusion)
                     })
                     .collect();
                 runs.sort_by_key(|run| std::cmp::Reverse(run.id));
-                let searched = [
-                    "actor",
-                    "branch",
-                    "check_suite_id",
-                    "created",
-                    "event",
-                    "head_sha",
-                    "status",
-                ]
-                .iter()
-                .any(|k| query.get(k).is_some());
-                if searched {
+                if query.is_run_search() {
                     runs.truncate(RUN_SEARCH_CAP);
                 }
                 let total = runs.len();
@@ -2013,23 +2028,110 @@ fn runner_json(runner: &RunnerState) -> Value {
     value["os"] = json!("linux");
     value["status"] = json!(if runner.online { "online" } else { "offline" });
     value["busy"] = json!(runner.busy);
+    // The daemon registers only JIT runners, which GitHub removes after one job.
     value["ephemeral"] = json!(true);
-    let labels: Vec<Value> = runner
-        .labels
+    value["labels"] = runner_labels_json(&runner.labels);
+    value
+}
+
+/// The labels GitHub gives a self-hosted runner by itself (its "default labels"):
+/// `self-hosted`, the OS (`Linux`, `Windows`, `macOS`) and the architecture (`X64`, `ARM`,
+/// `ARM64`). GitHub lists these as `read-only` and every other label as `custom` (as the
+/// examples do: `macOS` is read-only, `no-gpu` custom); names compare without regard to case,
+/// as `runs-on` matching does.
+const DEFAULT_LABELS: [&str; 7] = [
+    "self-hosted",
+    "linux",
+    "windows",
+    "macos",
+    "x64",
+    "arm",
+    "arm64",
+];
+
+/// A runner's `labels` as GitHub lists them: `{id, name, type}` in the given order.
+pub(crate) fn runner_labels_json<L: AsRef<str>>(labels: &[L]) -> Value {
+    let labels: Vec<Value> = labels
         .iter()
         .enumerate()
         .map(|(i, name)| {
-            let read_only = ["self-hosted", "linux", "x64", "arm64"]
-                .contains(&name.to_ascii_lowercase().as_str());
+            let name = name.as_ref();
+            let default = DEFAULT_LABELS.contains(&name.to_ascii_lowercase().as_str());
             json!({
                 "id": i + 1,
                 "name": name,
-                "type": if read_only { "read-only" } else { "custom" },
+                "type": if default { "read-only" } else { "custom" },
             })
         })
         .collect();
-    value["labels"] = json!(labels);
-    value
+    json!(labels)
+}
+
+/// The 201 body of `generate-jitconfig`, built from that endpoint's own example: its `runner`
+/// is a runner as just registered (`os: "unknown"`, `status: "offline"`, not busy, and no
+/// `ephemeral` field, unlike the get-runner example), with the given id, name and labels.
+pub(crate) fn jit_config_json<L: AsRef<str>>(
+    id: u64,
+    name: &str,
+    labels: &[L],
+    encoded_jit_config: &str,
+) -> Value {
+    let mut body = TEMPLATES.jit_config.clone();
+    body["runner"]["id"] = json!(id);
+    body["runner"]["name"] = json!(name);
+    body["runner"]["labels"] = runner_labels_json(labels);
+    body["encoded_jit_config"] = json!(encoded_jit_config);
+    body
+}
+
+/// Documentation of `generate-jitconfig`, named by its refusals.
+pub(crate) const DOCS_JIT: &str = "https://docs.github.com/rest/actions/self-hosted-runners#create-configuration-for-a-just-in-time-runner-for-a-repository";
+/// The 409 of `generate-jitconfig` when the name is registered already.
+pub(crate) const JIT_NAME_TAKEN: &str = "Already exists - A runner with the name already exists.";
+
+/// A `generate-jitconfig` request body that GitHub accepts (API-CONTRACTS §1.5).
+pub(crate) struct JitRequest {
+    pub(crate) name: String,
+    pub(crate) labels: Vec<String>,
+}
+
+impl JitRequest {
+    /// Validates `body` as GitHub does: 400 when it is not JSON; 422 without `name`, without
+    /// `runner_group_id` (required even for a repo, whose default group is 1: gotcha 5), or
+    /// without 1 to 100 string labels. The refusal is the status and GitHub's message.
+    pub(crate) fn parse(body: &[u8]) -> Result<JitRequest, (StatusCode, String)> {
+        let Ok(request) = serde_json::from_slice::<Value>(body) else {
+            return Err((StatusCode::BAD_REQUEST, "Problems parsing JSON".to_string()));
+        };
+        let invalid = |what: &str| {
+            (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("Invalid request.\n\n{what}"),
+            )
+        };
+        let Some(name) = request["name"].as_str() else {
+            return Err(invalid("\"name\" wasn't supplied."));
+        };
+        if request["runner_group_id"].as_u64().is_none() {
+            return Err(invalid("\"runner_group_id\" wasn't supplied."));
+        }
+        let labels: Option<Vec<String>> = request["labels"].as_array().and_then(|labels| {
+            labels
+                .iter()
+                .map(|l| l.as_str().map(str::to_string))
+                .collect()
+        });
+        let Some(labels) = labels.filter(|l| (1..=100).contains(&l.len())) else {
+            return Err(invalid("\"labels\" must be an array of 1 to 100 strings."));
+        };
+        if !request["work_folder"].is_null() && !request["work_folder"].is_string() {
+            return Err(invalid("\"work_folder\" must be a string."));
+        }
+        Ok(JitRequest {
+            name: name.to_string(),
+            labels,
+        })
+    }
 }
 
 async fn serve(
