@@ -192,6 +192,91 @@ async fn an_idle_reading_must_hold_for_the_confirmation_before_a_runner_is_taken
     assert!(world.stopped().is_empty());
 }
 
+/// The other side of the confirmation: a runner idle since long ago takes a job one second
+/// before it is taken back, and neither the job nor the busy flag shows yet. GitHub lets the
+/// delete through (it has been seen to on busy runners); the child is not stopped in that
+/// tick, and once the job shows, never.
+#[tokio::test(start_paused = true)]
+async fn a_runner_confirmed_idle_that_takes_a_job_at_the_last_moment_is_not_stopped() {
+    let world = MemoryWorld::new(at(0));
+    world.set_deletes_busy_runners(true);
+    let api = repo("acme/api");
+    let config = app_config(&[("acme/api", 2)]);
+    let mut ctl = reaping_controller(&world, 1, 5, 3);
+
+    let cancelled = world.queue_job(&api, SH);
+    tick(&mut ctl, &world, &config, 0).await;
+    let child = child_ids(&world).remove(0);
+    world.place(&child);
+    world.register_runner(&child);
+    world.cancel_job(cancelled);
+    // Surplus from t=5 (the grace window), idle since then, confirmed from t=8. At t=7 a new
+    // job comes and the runner takes it before the API shows it.
+    let mut job = None;
+    for t in 1..=8 {
+        if t == 7 {
+            let taken = world.queue_job(&api, SH);
+            world.take_job(&child, taken);
+            world.hide_job(taken, true);
+            job = Some(taken);
+        }
+        let view = tick(&mut ctl, &world, &config, t).await;
+        assert!(world.stopped().is_empty(), "t={t}: {view:#?}");
+    }
+    assert_eq!(
+        world.deregistered().len(),
+        1,
+        "GitHub let the delete through at t=8"
+    );
+    // The job shows a tick later: the runner that runs it is left to finish.
+    world.hide_job(job.unwrap(), false);
+    for t in 9..=30 {
+        let view = tick(&mut ctl, &world, &config, t).await;
+        assert!(world.stopped().is_empty(), "t={t}: {view:#?}");
+    }
+}
+
+/// A runner whose registration was deleted and that stays (it did not leave by itself) is
+/// stopped once the absence held for the idle confirmation with no job naming it.
+#[tokio::test(start_paused = true)]
+async fn a_deregistered_runner_that_stays_is_stopped_after_the_confirmation() {
+    let world = MemoryWorld::new(at(0));
+    let api = repo("acme/api");
+    let config = app_config(&[("acme/api", 2)]);
+    let mut ctl = reaping_controller(&world, 1, 5, 3);
+
+    let cancelled = world.queue_job(&api, SH);
+    tick(&mut ctl, &world, &config, 0).await;
+    let child = child_ids(&world).remove(0);
+    world.place(&child);
+    world.register_runner(&child);
+    world.cancel_job(cancelled);
+    let mut deregistered_at = None;
+    for t in 1..=20 {
+        let view = tick(&mut ctl, &world, &config, t).await;
+        if deregistered_at.is_none() && !world.deregistered().is_empty() {
+            deregistered_at = Some(t);
+            assert!(world.stopped().is_empty(), "stopped in the deleting tick");
+            assert!(
+                view.reaps
+                    .iter()
+                    .any(|r| r.outcome == "deregistered" && r.child == child.to_string()),
+                "{view:#?}"
+            );
+        }
+        if !world.stopped().is_empty() {
+            let deregistered_at = deregistered_at.expect("deregistered before it was stopped");
+            assert!(
+                t - deregistered_at >= 3,
+                "stopped at t={t}, deleted at {deregistered_at}"
+            );
+            assert_eq!(world.stopped(), [child]);
+            return;
+        }
+    }
+    panic!("never stopped: deregistered at {deregistered_at:?}");
+}
+
 /// A child without an allocation has no runner: past the grace window it is stopped at once,
 /// after its allocations are read again at that moment.
 #[tokio::test(start_paused = true)]

@@ -90,6 +90,16 @@ pub enum ReapOutcome {
         outcome: Outcome,
         why: String,
     },
+    /// Its runner's registration was deleted and the child left running: an idle runner
+    /// leaves by itself, and one that took a job GitHub still showed as idle (its busy flag
+    /// lags, and a delete has succeeded on a busy runner) finishes it. The child is stopped at
+    /// a later tick, once its registration has been read absent for the idle confirmation and
+    /// no job names its runner.
+    Deregistered {
+        child: ChildId,
+        outcome: Outcome,
+        runner_id: u64,
+    },
     /// Could not be carried out; judged again next tick if still nominated.
     Failed { child: ChildId, error: PortError },
 }
@@ -380,7 +390,17 @@ async fn take_back(
             )),
         };
         match deleted {
-            Ok((Deregistration::Deleted, id)) => deregistered = Some(id),
+            // Forced (wedged past the hard bound): the stop follows at once.
+            Ok((Deregistration::Deleted, id)) if tear_down.force => deregistered = Some(id),
+            // Never stopped in the tick that deleted its registration: the reading that found it
+            // idle may be a minute old in truth.
+            Ok((Deregistration::Deleted, runner_id)) => {
+                return ReapOutcome::Deregistered {
+                    child,
+                    outcome: decision.outcome,
+                    runner_id,
+                };
+            }
             _ if tear_down.force => {}
             Ok((Deregistration::StillBusy, _)) => {
                 return keep(

@@ -532,7 +532,8 @@ impl TakeBackMemory {
     }
 
     /// What the act step learnt of the runners it tried to take back: a refusal as busy (422)
-    /// ends the reading, an unexplained 404 makes it unknown, a stop ends it.
+    /// ends the reading, an unexplained 404 makes it unknown, a stop ends it, and a deleted
+    /// registration starts an absent one.
     pub fn learn_from_reaps(
         &mut self,
         reaps: &[crate::act::execute::ReapOutcome],
@@ -543,6 +544,18 @@ impl TakeBackMemory {
             match reap {
                 ReapOutcome::Stopped { child, .. } => {
                     self.readings.remove(child);
+                    self.stopped.insert(child.clone());
+                }
+                // Its registration is gone from now on: the absence it is stopped on counts
+                // from the delete, and however its runner ends, it was taken back.
+                ReapOutcome::Deregistered { child, .. } => {
+                    self.readings.insert(
+                        child.clone(),
+                        Reading {
+                            kind: ReadingKind::Absent,
+                            since: now,
+                        },
+                    );
                     self.stopped.insert(child.clone());
                 }
                 ReapOutcome::Kept {

@@ -388,17 +388,22 @@ fn dispatch_view(d: &DispatchOutcome) -> DispatchView {
     }
 }
 
+/// What happens to a child whose runner's registration was deleted this tick.
+const DEREGISTERED: &str = "registration deleted; the child is stopped once that has held for the idle confirmation and no job names its runner";
+
 fn reap_view(j: &Judgement, act: Option<&ActReport>) -> ReapView {
     let n = &j.nominated;
     let acted = act.and_then(|a| {
         a.reaps.iter().find(|r| match r {
             ReapOutcome::Stopped { child, .. }
+            | ReapOutcome::Deregistered { child, .. }
             | ReapOutcome::Kept { child, .. }
             | ReapOutcome::Failed { child, .. } => *child == n.child,
         })
     });
     let (outcome, reason) = match acted {
         Some(ReapOutcome::Kept { outcome, why, .. }) => (outcome.as_str(), why.clone()),
+        Some(ReapOutcome::Deregistered { .. }) => ("deregistered", DEREGISTERED.to_string()),
         Some(ReapOutcome::Failed { error, .. }) => ("failed", error.message.clone()),
         _ => (j.decision.outcome.as_str(), j.decision.reason.to_string()),
     };
@@ -492,6 +497,16 @@ pub fn log_act(act: &ActReport) {
                 outcome = outcome.as_str(),
                 deregistered = deregistered.is_some(),
                 "took a runner back: {reason}"
+            ),
+            ReapOutcome::Deregistered {
+                child,
+                outcome,
+                runner_id,
+            } => info!(
+                child = %child,
+                outcome = outcome.as_str(),
+                runner_id,
+                "took a runner's registration back: {DEREGISTERED}"
             ),
             ReapOutcome::Kept {
                 child,
