@@ -484,7 +484,7 @@ impl Controller {
         )
         .await;
         self.learn_from(&act, config_version, now);
-        self.memory.take_back.learn_jit_ids(&act.dispatches);
+        self.memory.take_back.learn_from_dispatches(&act.dispatches);
         self.memory.take_back.learn_from_reaps(&act.reaps, now);
         report::log_act(&act);
         let mut view = TickView::new(&plan, &judgements, Some(&act), gaps);

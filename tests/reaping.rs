@@ -599,3 +599,30 @@ async fn registrations_are_swept_once_then_only_where_runners_of_ours_were() {
         .collect();
     assert_eq!(again, ["acme/r05"], "only the repo with a child of ours");
 }
+
+/// A credential minted for a dispatch Nomad then refused may have registered a runner no child
+/// will ever run (a JIT registration exists from the moment it is minted). The repo has no
+/// child of ours, yet its registrations are swept again, and the leftover is deleted.
+#[tokio::test(start_paused = true)]
+async fn a_registration_left_by_a_refused_dispatch_is_swept() {
+    let world = MemoryWorld::new(at(0));
+    let api = repo("acme/api");
+    let config = app_config(&[("acme/api", 2)]);
+    let mut ctl = reaping_controller(&world, 15, 600, 120);
+    tick(&mut ctl, &world, &config, 0).await;
+    assert_eq!(world.runner_listings().len(), 1, "the sweep after a start");
+
+    // The parent was stopped: the mint succeeds, the dispatch is refused, and what the
+    // credential registered stays behind, offline, named like one of ours.
+    world.set_dispatch_refused(true);
+    world.queue_job(&api, SH);
+    tick(&mut ctl, &world, &config, 15).await;
+    assert_eq!(world.dispatch_count(), 0);
+    let leftover = world.register_orphan(&api, "ci-runner-5d1e0c9b2a77", false);
+
+    for t in (30..=2_100).step_by(15) {
+        tick(&mut ctl, &world, &config, t).await;
+    }
+    assert!(world.runner_listings().len() > 1, "never swept again");
+    assert_eq!(world.deregistered(), vec![leftover]);
+}

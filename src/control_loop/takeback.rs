@@ -516,17 +516,27 @@ impl TakeBackMemory {
             .collect()
     }
 
-    /// The registration ids of the runners just dispatched with a credential bound to one
-    /// runner (GitHub JIT configs, Forgejo ephemeral runners).
-    pub fn learn_jit_ids(&mut self, dispatches: &[crate::act::execute::DispatchOutcome]) {
+    /// What the dispatches left behind: the registration ids of the runners dispatched with
+    /// a credential bound to one runner (GitHub JIT configs, Forgejo ephemeral runners), and
+    /// the repos where a minted credential may have registered a runner no child will run
+    /// (the wrap or the dispatch failed after the mint): their next stale sweep is due like
+    /// that of a repo where runners of ours ran, or every retry would leave one behind.
+    pub fn learn_from_dispatches(&mut self, dispatches: &[crate::act::execute::DispatchOutcome]) {
+        use crate::act::execute::DispatchOutcome;
         for d in dispatches {
-            if let crate::act::execute::DispatchOutcome::Dispatched {
-                runner_name,
-                runner_id: Some(id),
-                ..
-            } = d
-            {
-                self.jit_ids.insert(runner_name.clone(), *id);
+            match d {
+                DispatchOutcome::Dispatched {
+                    runner_name,
+                    runner_id: Some(id),
+                    ..
+                } => {
+                    self.jit_ids.insert(runner_name.clone(), *id);
+                }
+                DispatchOutcome::MintFailed { bucket, .. }
+                | DispatchOutcome::DispatchFailed { bucket, .. } => {
+                    self.sweep_again.insert(bucket.repo.clone());
+                }
+                DispatchOutcome::Dispatched { .. } | DispatchOutcome::Skipped { .. } => {}
             }
         }
     }

@@ -50,6 +50,8 @@ struct State {
     /// Services that answer with a transient error until switched back.
     forge_down: bool,
     nomad_down: bool,
+    /// Nomad refuses every dispatch as it refuses one for a stopped parent (HTTP 500).
+    dispatch_refused: bool,
     /// Every dispatch request, in order: (parent, labels meta, runner name, minted).
     dispatch_log: Vec<(String, String, RunnerName, bool)>,
     mints: u64,
@@ -258,6 +260,10 @@ impl MemoryWorld {
         self.state.lock().unwrap().forge_down = down;
     }
 
+    pub fn set_dispatch_refused(&self, refused: bool) {
+        self.state.lock().unwrap().dispatch_refused = refused;
+    }
+
     pub fn set_nomad_down(&self, down: bool) {
         self.state.lock().unwrap().nomad_down = down;
     }
@@ -380,6 +386,12 @@ impl ChildControl for MemoryWorld {
         let mut s = self.state.lock().unwrap();
         if s.nomad_down {
             return Err(down("dispatch"));
+        }
+        if s.dispatch_refused {
+            return Err(PortError::new(
+                ErrorClass::Configuration,
+                format!("dispatch {}: 500: job is stopped", request.parent),
+            ));
         }
         if let Some(existing) = s.idempotency.get(&request.idempotency_token)
             && s.children.contains_key(existing)
