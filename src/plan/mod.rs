@@ -419,6 +419,13 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             .collect(),
         settings,
         global_gap: first_parent_gap(snapshot, snapshot.parents.keys()),
+        lingering_gap: {
+            let named = input.config.parents();
+            first_parent_gap(
+                snapshot,
+                snapshot.parents.keys().filter(|p| !named.contains(*p)),
+            )
+        },
         undiscovered: snapshot.undiscovered.as_ref().map(|gap| {
             format!(
                 "the parents of our children could not be listed: {}",
@@ -794,6 +801,10 @@ struct HoldFacts<'a> {
     settings: PlanSettings,
     /// The first parent listing that failed, if any.
     global_gap: Option<String>,
+    /// The first failed listing of a parent the document no longer names but that still
+    /// holds children of ours (an edit moved its repos elsewhere): those children may belong
+    /// to any repo, so none may dispatch without them counted.
+    lingering_gap: Option<String>,
     /// Why children of parents the document does not name may be missing from the counts.
     undiscovered: Option<String>,
 }
@@ -831,6 +842,9 @@ fn hold_before_caps(
         return Some(HoldReason::InFlightUnknown(gap.clone()));
     }
     if let Some(gap) = &facts.undiscovered {
+        return Some(HoldReason::InFlightUnknown(gap.clone()));
+    }
+    if let Some(gap) = &facts.lingering_gap {
         return Some(HoldReason::InFlightUnknown(gap.clone()));
     }
     if facts.settings.max_in_flight.is_some()

@@ -482,6 +482,58 @@ fn a_failed_parent_listing_holds_everything_under_a_global_cap() {
 }
 
 #[test]
+fn a_failed_listing_of_a_parent_the_document_no_longer_names_holds_every_repo() {
+    // An edit moved acme/api from ci-runner to new-runner while a child of it still ran under
+    // ci-runner; this tick ci-runner cannot be listed. Its children may be any repo's.
+    let mut api = app_repo("acme/api", 1);
+    api.default_job = Some("new-runner".into());
+    let mut w = World::new(vec![api, app_repo("acme/web", 1)]);
+    w.config
+        .repos
+        .get_mut(&repo("acme/web"))
+        .unwrap()
+        .default_job = Some("new-runner".into());
+    w.snapshot.parents.remove("ci-runner");
+    w.queued("acme/api", SH, 10).queued("acme/web", SH, 10);
+    w.snapshot.parents.insert(
+        "ci-runner".into(),
+        Err(Gap {
+            class: ErrorClass::Transient,
+            message: "502".into(),
+        }),
+    );
+    let p = w.plan();
+    assert!(p.dispatches.is_empty(), "{:#?}", p.dispatches);
+    for name in ["acme/api", "acme/web"] {
+        assert!(
+            matches!(
+                bucket(&p, name, SH).reason,
+                Some(HoldReason::InFlightUnknown(ref why)) if why.contains("ci-runner")
+            ),
+            "{name}: {:?}",
+            bucket(&p, name, SH).reason
+        );
+    }
+    // Listed again (its child of acme/api counted), both repos dispatch within their caps.
+    w.snapshot.parents.insert("ci-runner".into(), Ok(vec![]));
+    w.child(
+        "ci-runner",
+        "acme/api",
+        SH,
+        "ci-runner-0123456789ab",
+        ChildStatus::Running,
+        Placement::Placed,
+    );
+    let p = w.plan();
+    let repos: Vec<String> = p
+        .dispatches
+        .iter()
+        .map(|d| d.bucket.repo.to_string())
+        .collect();
+    assert_eq!(repos, ["acme/web"]);
+}
+
+#[test]
 fn an_unreadable_queue_holds_only_its_repo() {
     let mut w = World::new(vec![app_repo("acme/api", 3), app_repo("acme/web", 3)]);
     w.queued("acme/web", SH, 10);
