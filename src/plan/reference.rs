@@ -148,12 +148,18 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         .cloned()
         .collect();
     let global_gap = first_parent_gap(snapshot, snapshot.parents.keys());
+    let named = config.parents();
+    let lingering_gap = first_parent_gap(
+        snapshot,
+        snapshot.parents.keys().filter(|p| !named.contains(*p)),
+    );
     // Each repo's parents are checked once, not once per bucket.
     let facts = HoldFacts {
         snapshot,
         holds,
         settings,
         global_gap: global_gap.as_deref(),
+        lingering_gap: lingering_gap.as_deref(),
     };
     let repo_gaps: BTreeMap<&RepoName, Option<String>> = config
         .repos
@@ -401,6 +407,8 @@ struct HoldFacts<'a> {
     settings: PlanSettings,
     /// The first parent listing that failed, if any.
     global_gap: Option<&'a str>,
+    /// The first failed listing of a parent no repo of the document names.
+    lingering_gap: Option<&'a str>,
 }
 
 /// What stops a bucket from dispatching regardless of caps, in order of precedence.
@@ -416,6 +424,7 @@ fn hold_before_caps(
         holds,
         settings,
         global_gap,
+        lingering_gap,
     } = *facts;
     let Some(repo) = repo else {
         return Some(HoldReason::NotConfigured);
@@ -435,6 +444,9 @@ fn hold_before_caps(
     // against its cap, and every parent listed counts against the global cap.
     if let Some(gap) = repo_gap {
         return Some(HoldReason::InFlightUnknown(gap));
+    }
+    if let Some(gap) = lingering_gap {
+        return Some(HoldReason::InFlightUnknown(gap.to_string()));
     }
     if settings.max_in_flight.is_some()
         && let Some(gap) = global_gap
