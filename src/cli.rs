@@ -305,9 +305,9 @@ pub struct DaemonArgs {
     /// An idle reading of a runner counts only when it held on two readings this far apart.
     #[arg(long, env = "RUNNER_SCALER_IDLE_CONFIRM", default_value = "2m", value_parser = humantime::parse_duration, hide_env_values = true)]
     pub idle_confirm: Duration,
-    /// A runner still busy past this age is wedged and torn down (GitHub's limit for a
-    /// self-hosted job is 5 days). A lower bound kills any job whose timeout-minutes is larger;
-    /// a profile may set its own with hardBoundMinutes.
+    /// A runner still busy this long after its child was placed is wedged and torn down
+    /// (GitHub's limit for a self-hosted job is 5 days). A lower bound kills any job whose
+    /// timeout-minutes is larger; a profile may set its own with hardBoundMinutes.
     #[arg(long, env = "RUNNER_SCALER_HARD_BOUND", default_value = "5d30m", value_parser = humantime::parse_duration, hide_env_values = true)]
     pub hard_bound: Duration,
     /// A runner the cluster has not placed after this long is stopped and replaced, before

@@ -422,6 +422,7 @@ impl TakeBackMemory {
                 allocation: nominated.allocation,
                 verdict,
                 age: nominated.age,
+                running_for: nominated.running_for,
                 policy: nominated.policy,
             });
             judged.push(Judgement {

@@ -223,6 +223,10 @@ pub struct Nominated {
     pub allocation: Allocation,
     /// Since the child was submitted.
     pub age: std::time::Duration,
+    /// Since the child was placed (since it was submitted when that is not known): what the
+    /// hard bound is measured against. No job starts before its runner is placed, and a child
+    /// may wait most of the placement timeout for a node.
+    pub running_for: std::time::Duration,
     /// With the profile's hard bound, where it sets one.
     pub policy: ReapPolicy,
 }
@@ -691,10 +695,15 @@ fn nominate(
         }
         let age = age_of(child);
         let placed = child.placement.is_placed();
+        let running_for = child
+            .placed_at
+            .and_then(|at| (now - at).to_std().ok())
+            .filter(|_| placed)
+            .unwrap_or(age);
         let app = config.is_some_and(|c| matches!(c.mode, Mode::App));
         let nomination = if !placed && age >= child_policy.placement_timeout {
             Nomination::PlacementTimeout
-        } else if age >= child_policy.hard_bound {
+        } else if running_for >= child_policy.hard_bound {
             Nomination::Wedged
         } else if surplus.contains(&child.id) {
             Nomination::Surplus
@@ -734,6 +743,7 @@ fn nominate(
                 Allocation::None
             },
             age,
+            running_for,
             policy: child_policy,
         });
     }

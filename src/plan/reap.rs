@@ -128,6 +128,9 @@ pub struct ReapInput {
     pub verdict: Verdict,
     /// Since the child was submitted to Nomad.
     pub age: Duration,
+    /// Since it was placed (since it was submitted when that is not known): the hard bound's
+    /// measure.
+    pub running_for: Duration,
     pub policy: ReapPolicy,
 }
 
@@ -220,6 +223,7 @@ pub fn decide(input: &ReapInput) -> Decision {
         allocation,
         verdict,
         age,
+        running_for,
         policy,
     } = *input;
     // An unplaced child past the placement timeout is about its credential, not surplus: no
@@ -255,7 +259,7 @@ pub fn decide(input: &ReapInput) -> Decision {
             "no runner API in this mode: a runner whose allocation runs is never stopped; it leaves at its idle timeout",
         );
     }
-    let wedged = nomination == Nomination::Wedged || age >= policy.hard_bound;
+    let wedged = nomination == Nomination::Wedged || running_for >= policy.hard_bound;
     match verdict {
         Verdict::Busy if wedged => tear(
             Outcome::Escaped,

@@ -150,6 +150,7 @@ fn input(nomination: &str, mode: &str, alloc: &str, verdict_name: &str, band: &s
         },
         verdict: verdict(verdict_name),
         age: age(band),
+        running_for: age(band),
         policy: POLICY,
     }
 }
@@ -201,6 +202,7 @@ fn no_decision_tears_down_a_busy_runner_before_the_hard_bound() {
                     allocation: Allocation::Live,
                     verdict: Verdict::Busy,
                     age: Duration::from_secs(seconds),
+                    running_for: Duration::from_secs(seconds),
                     policy: POLICY,
                 });
                 assert!(

@@ -534,6 +534,50 @@ fn a_failed_listing_of_a_parent_the_document_no_longer_names_holds_every_repo() 
 }
 
 #[test]
+fn the_hard_bound_counts_from_placement_not_from_submission() {
+    // Submitted 5 days and 40 minutes ago, placed 45 minutes later: its job has run at most
+    // 4 days 23 hours 55 minutes, inside GitHub's 5 days, and it is busy.
+    let mut w = World::new(vec![app_repo("acme/api", 3)]);
+    let runner = "ci-runner-0123456789ab";
+    w.child(
+        "ci-runner",
+        "acme/api",
+        SH,
+        runner,
+        ChildStatus::Running,
+        Placement::Placed,
+    );
+    w.job(
+        "acme/api",
+        SH,
+        JobState::InProgress {
+            runner: Some(RunnerName(runner.into())),
+        },
+        5 * 86_400,
+    );
+    let submitted = t0() - Duration::minutes(5 * 24 * 60 + 40);
+    let set_times = |w: &mut World, placed_at: DateTime<Utc>| {
+        let children = w
+            .snapshot
+            .parents
+            .get_mut("ci-runner")
+            .unwrap()
+            .as_mut()
+            .unwrap();
+        children[0].submitted_at = Some(submitted);
+        children[0].placed_at = Some(placed_at);
+    };
+    set_times(&mut w, submitted + Duration::minutes(45));
+    let p = w.plan();
+    assert!(p.nominations.is_empty(), "{:#?}", p.nominations);
+    // Placed 5 days and 31 minutes ago: past the bound (5 days and 30 minutes), wedged.
+    set_times(&mut w, t0() - Duration::minutes(5 * 24 * 60 + 31));
+    let p = w.plan();
+    assert_eq!(p.nominations.len(), 1);
+    assert_eq!(p.nominations[0].nomination, Nomination::Wedged);
+}
+
+#[test]
 fn an_unreadable_queue_holds_only_its_repo() {
     let mut w = World::new(vec![app_repo("acme/api", 3), app_repo("acme/web", 3)]);
     w.queued("acme/web", SH, 10);
