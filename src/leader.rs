@@ -128,6 +128,13 @@ impl LeaderSettings {
         self.margin()
     }
 
+    /// How long after the fence closes a write sent through it may land before a successor
+    /// can act: Consul invalidates the session no sooner than the margin later, and the
+    /// successor then waits out the lock delay.
+    pub fn landing(&self) -> Duration {
+        self.margin() + self.lock_delay()
+    }
+
     /// How long a renew keeps the fence open, from when it was sent.
     pub fn fence_span(&self) -> Duration {
         self.ttl - self.margin()
@@ -245,20 +252,55 @@ pub struct Fence {
     valid_until: watch::Receiver<Option<Instant>>,
     /// Cleared when the term ends (shutdown, loss): closed for good.
     open: Arc<AtomicBool>,
+    /// How long after the fence closes a write sent through it may still land before a
+    /// successor can act: the margin (Consul counts the TTL from the renew's arrival) and the
+    /// lock delay.
+    landing: Duration,
 }
 
 impl Fence {
-    fn new(valid_until: watch::Receiver<Option<Instant>>) -> Fence {
+    fn new(valid_until: watch::Receiver<Option<Instant>>, landing: Duration) -> Fence {
         Fence {
             valid_until,
             open: Arc::new(AtomicBool::new(true)),
+            landing,
         }
     }
 
-    /// A fence open until `until` (tests, and one-shot ticks driven by hand).
-    pub fn open_until(until: Instant) -> (Fence, watch::Sender<Option<Instant>>) {
+    /// A fence open until `until` (tests, and one-shot ticks driven by hand), whose writes
+    /// must have landed `landing` after it closes.
+    pub fn open_until(
+        until: Instant,
+        landing: Duration,
+    ) -> (Fence, watch::Sender<Option<Instant>>) {
         let (tx, rx) = watch::channel(Some(until));
-        (Fence::new(rx), tx)
+        (Fence::new(rx, landing), tx)
+    }
+
+    /// How long a write sent now may take: until a successor could act. A write still
+    /// unanswered then is abandoned; a request not yet sent by then is never sent. (One the
+    /// server received may still land: the lock delay is the margin for that.)
+    fn landing_budget(&self) -> Option<Duration> {
+        let until = (*self.valid_until.borrow())? + self.landing;
+        Some(until.saturating_duration_since(Instant::now()))
+    }
+
+    /// Runs `write` if the fence is open, within its landing budget.
+    async fn write<T>(
+        &self,
+        doing: String,
+        write: impl Future<Output = Result<T, PortError>>,
+    ) -> Result<T, PortError> {
+        self.refusal(&doing)?;
+        let budget = self.landing_budget().unwrap_or_default();
+        tokio::time::timeout(budget, write).await.unwrap_or_else(|_| {
+            Err(PortError::new(
+                ErrorClass::Transient,
+                format!(
+                    "{doing}: no answer before a successor could take over the leader lock; abandoned"
+                ),
+            ))
+        })
     }
 
     pub fn may_write(&self) -> Result<(), Fenced> {
@@ -331,8 +373,11 @@ struct FencedControl {
 impl ChildControl for FencedControl {
     async fn dispatch(&self, request: &DispatchRequest) -> Result<Dispatched, PortError> {
         self.fence
-            .refusal(format_args!("dispatch {}", request.parent))?;
-        self.inner.dispatch(request).await
+            .write(
+                format!("dispatch {}", request.parent),
+                self.inner.dispatch(request),
+            )
+            .await
     }
 
     async fn child_status(&self, child: &ChildId) -> Result<Option<ChildStatus>, PortError> {
@@ -340,8 +385,9 @@ impl ChildControl for FencedControl {
     }
 
     async fn purge(&self, child: &ChildId) -> Result<(), PortError> {
-        self.fence.refusal(format_args!("purge {child}"))?;
-        self.inner.purge(child).await
+        self.fence
+            .write(format!("purge {child}"), self.inner.purge(child))
+            .await
     }
 
     async fn has_live_allocation(&self, child: &ChildId) -> Result<bool, PortError> {
@@ -349,8 +395,9 @@ impl ChildControl for FencedControl {
     }
 
     async fn stop(&self, child: &ChildId) -> Result<(), PortError> {
-        self.fence.refusal(format_args!("stop {child}"))?;
-        self.inner.stop(child).await
+        self.fence
+            .write(format!("stop {child}"), self.inner.stop(child))
+            .await
     }
 }
 
@@ -716,7 +763,7 @@ where
     A: FnMut(Fence, StopTerm) -> F,
     F: Future<Output = ()>,
 {
-    let fence = Fence::new(session.valid_until.clone());
+    let fence = Fence::new(session.valid_until.clone(), settings.landing());
     if fence.may_write().is_err() {
         fence.close();
         return Ended::Lost;
@@ -822,7 +869,7 @@ impl OneShot {
         .await;
         match acquired {
             Ok(true) => Ok(OneShot {
-                fence: Fence::new(session.valid_until.clone()),
+                fence: Fence::new(session.valid_until.clone(), settings.landing()),
                 session,
                 store,
                 settings,
@@ -908,7 +955,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_fence_closes_at_its_deadline_and_when_closed() {
-        let (fence, valid_until) = Fence::open_until(Instant::now() + Duration::from_secs(10));
+        let (fence, valid_until) =
+            Fence::open_until(Instant::now() + Duration::from_secs(10), Duration::ZERO);
         assert_eq!(fence.may_write(), Ok(()));
         tokio::time::advance(Duration::from_secs(9)).await;
         assert_eq!(fence.may_write(), Ok(()));
@@ -920,6 +968,70 @@ mod tests {
         assert!(fence.may_write().is_err());
         valid_until.send_replace(Some(Instant::now() + Duration::from_secs(10)));
         assert!(fence.may_write().is_err(), "a closed fence stays closed");
+    }
+
+    /// Nomad that received a request and never answered it.
+    struct Unanswered;
+
+    #[async_trait]
+    impl ChildControl for Unanswered {
+        async fn dispatch(&self, _: &DispatchRequest) -> Result<Dispatched, PortError> {
+            std::future::pending().await
+        }
+        async fn child_status(&self, _: &ChildId) -> Result<Option<ChildStatus>, PortError> {
+            std::future::pending().await
+        }
+        async fn purge(&self, _: &ChildId) -> Result<(), PortError> {
+            std::future::pending().await
+        }
+        async fn has_live_allocation(&self, _: &ChildId) -> Result<bool, PortError> {
+            std::future::pending().await
+        }
+        async fn stop(&self, _: &ChildId) -> Result<(), PortError> {
+            std::future::pending().await
+        }
+    }
+
+    /// A write sent just before the fence closes must not land after a successor took over
+    /// and listed the children: it is abandoned when the successor could act, the fence's
+    /// deadline plus the margin and the lock delay.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_unanswered_when_a_successor_could_act_is_abandoned() {
+        let mut services = crate::sim::memory::MemoryWorld::new(chrono::Utc::now()).services();
+        services.control = Arc::new(Unanswered);
+        let defaults = settings(15);
+        let (fence, _valid_until) =
+            Fence::open_until(Instant::now() + Duration::from_secs(1), defaults.landing());
+        let ports = fenced(&services, &fence);
+        let request = DispatchRequest {
+            parent: "ci-runner".into(),
+            namespace: None,
+            meta: crate::act::DispatchMeta {
+                repo_url: "https://github.com/acme/api".into(),
+                labels: "self-hosted".into(),
+                runner_name: crate::model::RunnerName("ci-runner-0123456789ab".into()),
+                runner_token: None,
+            },
+            idempotency_token: "0".repeat(32),
+        };
+        let sent = Instant::now();
+        let answer =
+            tokio::time::timeout(Duration::from_secs(3600), ports.control.dispatch(&request))
+                .await
+                .expect("abandoned, not left waiting");
+        let error = answer.unwrap_err();
+        assert_eq!(error.class, ErrorClass::Transient, "{}", error.message);
+        assert!(
+            error.message.starts_with("dispatch ci-runner: "),
+            "{}",
+            error.message
+        );
+        assert_eq!(sent.elapsed(), Duration::from_secs(1) + defaults.landing());
+        let child = ChildId::new("ci-runner/dispatch-1-00000001", "default");
+        tokio::time::timeout(Duration::from_secs(3600), ports.control.stop(&child))
+            .await
+            .expect("a closed fence refuses at once")
+            .unwrap_err();
     }
 
     /// Counts the deletions that reach it.
@@ -950,7 +1062,8 @@ mod tests {
         )
         .unwrap();
         let repo = config.repos.values().next().unwrap();
-        let (fence, _valid_until) = Fence::open_until(Instant::now() + Duration::from_secs(10));
+        let (fence, _valid_until) =
+            Fence::open_until(Instant::now() + Duration::from_secs(10), Duration::ZERO);
         let ports = fenced(&services, &fence);
         let registered = ports.forgejo.as_ref().unwrap().registered.as_ref().unwrap();
 
