@@ -1141,14 +1141,30 @@ impl World {
             .and_then(|c| self.children.get(c))
             && let Phase::Busy { job } = child.phase
         {
+            // BRIEF lesson 2: a delete has been seen to succeed on a busy runner. Here it does
+            // while the runner's `busy` flag still lags its job (the job not yet shown running
+            // on it); the runner keeps its job, and only stopping its child would end it.
+            let flag_shows = self
+                .jobs
+                .get(&job)
+                .is_some_and(|j| j.visible == Visible::Running(registration.name.clone()));
+            if flag_shows {
+                trace.record(
+                    t,
+                    format!(
+                        "deleting registration of {} refused: runs job {job}",
+                        registration.name
+                    ),
+                );
+                return Some(false);
+            }
             trace.record(
                 t,
                 format!(
-                    "deleting registration of {} refused: runs job {job}",
+                    "registration of {} deleted while it runs job {job} (its busy flag lags)",
                     registration.name
                 ),
             );
-            return Some(false);
         }
         self.registrations.remove(&id);
         if let Some(child) = registration
@@ -1310,6 +1326,57 @@ mod tests {
         // A gated job GitHub has not listed yet sends nothing when cancelled.
         world.cancel(3, 40, "test", &options, &mut rng, &mut trace);
         assert_eq!(world.webhooks_arriving(41), Vec::<RepoName>::new());
+    }
+
+    #[test]
+    fn a_delete_slips_through_while_the_busy_flag_lags_and_is_refused_once_it_shows() {
+        let mut rng = StdRng::seed_from_u64(1);
+        let options = Scenario::Steady.options(&mut rng);
+        let mut world = World::new(&options, BTreeMap::new());
+        let mut trace = Trace::new(false);
+        let repo = RepoName::parse("afreidah/munchbox").expect("a repo name");
+        let name = RunnerName("ci-runner-0123456789ab".into());
+        let child = ChildId("ci-runner/dispatch-1-00000001".into(), "default".into());
+        world.jobs.insert(7, job(&repo));
+        world.children.insert(
+            child.clone(),
+            SimChild {
+                parent: "ci-runner".into(),
+                repo: Some(repo.clone()),
+                repo_url: None,
+                labels: job(&repo).labels,
+                runner: Some(name.clone()),
+                submitted_s: 0,
+                status: ChildStatus::Running,
+                placement: Placement::Placed,
+                phase: Phase::Busy { job: 7 },
+                token: None,
+                ran_job: true,
+                stopped: false,
+                registration: None,
+            },
+        );
+        for id in [1, 2] {
+            world.registrations.insert(
+                id,
+                Registration {
+                    repo: repo.clone(),
+                    name: name.clone(),
+                    child: Some(child.clone()),
+                },
+            );
+        }
+        // The job does not show running on the runner yet: GitHub lets the delete through.
+        assert_eq!(
+            world.delete_registration(5, &repo, 1, &mut trace),
+            Some(true)
+        );
+        // It shows: refused (422), whoever asks.
+        world.jobs.get_mut(&7).expect("the job").visible = Visible::Running(name);
+        assert_eq!(
+            world.delete_registration(6, &repo, 2, &mut trace),
+            Some(false)
+        );
     }
 
     #[test]
