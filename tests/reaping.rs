@@ -192,6 +192,23 @@ async fn an_idle_reading_must_hold_for_the_confirmation_before_a_runner_is_taken
     assert!(world.stopped().is_empty());
 }
 
+/// A child dispatched at t=0 for a job of `repo` that was then cancelled, placed and its
+/// runner registered: surplus, idle, and past the grace window from t=5 on.
+async fn surplus_registered_runner(
+    ctl: &mut Controller,
+    world: &MemoryWorld,
+    config: &Config,
+    repo: &runner_scaler::model::RepoName,
+) -> ChildId {
+    let cancelled = world.queue_job(repo, SH);
+    tick(ctl, world, config, 0).await;
+    let child = child_ids(world).remove(0);
+    world.place(&child);
+    world.register_runner(&child);
+    world.cancel_job(cancelled);
+    child
+}
+
 /// The other side of the confirmation: a runner idle since long ago takes a job one second
 /// before it is taken back, and neither the job nor the busy flag shows yet. GitHub lets the
 /// delete through (it has been seen to on busy runners); the child is not stopped in that
@@ -204,12 +221,7 @@ async fn a_runner_confirmed_idle_that_takes_a_job_at_the_last_moment_is_not_stop
     let config = app_config(&[("acme/api", 2)]);
     let mut ctl = reaping_controller(&world, 1, 5, 3);
 
-    let cancelled = world.queue_job(&api, SH);
-    tick(&mut ctl, &world, &config, 0).await;
-    let child = child_ids(&world).remove(0);
-    world.place(&child);
-    world.register_runner(&child);
-    world.cancel_job(cancelled);
+    let child = surplus_registered_runner(&mut ctl, &world, &config, &api).await;
     // Surplus from t=5 (the grace window), idle since then, confirmed from t=8. At t=7 a new
     // job comes and the runner takes it before the API shows it.
     let mut job = None;
@@ -245,12 +257,7 @@ async fn a_deregistered_runner_that_stays_is_stopped_after_the_confirmation() {
     let config = app_config(&[("acme/api", 2)]);
     let mut ctl = reaping_controller(&world, 1, 5, 3);
 
-    let cancelled = world.queue_job(&api, SH);
-    tick(&mut ctl, &world, &config, 0).await;
-    let child = child_ids(&world).remove(0);
-    world.place(&child);
-    world.register_runner(&child);
-    world.cancel_job(cancelled);
+    let child = surplus_registered_runner(&mut ctl, &world, &config, &api).await;
     let mut deregistered_at = None;
     for t in 1..=20 {
         let view = tick(&mut ctl, &world, &config, t).await;

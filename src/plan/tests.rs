@@ -141,6 +141,18 @@ impl World {
         self
     }
 
+    /// `parent`'s children could not be listed this tick.
+    fn unlisted(&mut self, parent: &str, message: &str) -> &mut Self {
+        self.snapshot.parents.insert(
+            parent.into(),
+            Err(Gap {
+                class: ErrorClass::Transient,
+                message: message.into(),
+            }),
+        );
+        self
+    }
+
     fn plan(&self) -> Plan {
         plan(PlanInput {
             config: &self.config,
@@ -446,13 +458,7 @@ fn labels_outside_the_allow_list_are_unroutable() {
 fn no_dispatch_without_a_fresh_in_flight_count() {
     let mut w = World::new(vec![app_repo("acme/api", 3)]);
     w.queued("acme/api", SH, 10);
-    w.snapshot.parents.insert(
-        "ci-runner".into(),
-        Err(Gap {
-            class: ErrorClass::Transient,
-            message: "connection refused".into(),
-        }),
-    );
+    w.unlisted("ci-runner", "connection refused");
     let p = w.plan();
     assert!(p.dispatches.is_empty());
     assert!(matches!(
@@ -469,13 +475,7 @@ fn a_failed_parent_listing_holds_everything_under_a_global_cap() {
     ]);
     w.settings.max_in_flight = Some(10);
     w.queued("acme/api", SH, 10);
-    w.snapshot.parents.insert(
-        "vm-runner".into(),
-        Err(Gap {
-            class: ErrorClass::Transient,
-            message: "timeout".into(),
-        }),
-    );
+    w.unlisted("vm-runner", "timeout");
     assert!(w.plan().dispatches.is_empty());
     w.settings.max_in_flight = None;
     assert_eq!(w.plan().dispatches.len(), 1);
@@ -495,13 +495,7 @@ fn a_failed_listing_of_a_parent_the_document_no_longer_names_holds_every_repo() 
         .default_job = Some("new-runner".into());
     w.snapshot.parents.remove("ci-runner");
     w.queued("acme/api", SH, 10).queued("acme/web", SH, 10);
-    w.snapshot.parents.insert(
-        "ci-runner".into(),
-        Err(Gap {
-            class: ErrorClass::Transient,
-            message: "502".into(),
-        }),
-    );
+    w.unlisted("ci-runner", "502");
     let p = w.plan();
     assert!(p.dispatches.is_empty(), "{:#?}", p.dispatches);
     for name in ["acme/api", "acme/web"] {
