@@ -141,6 +141,15 @@ impl World {
         self
     }
 
+    /// The listed children of `parent`, to edit.
+    fn children_of(&mut self, parent: &str) -> &mut Vec<Child> {
+        self.snapshot
+            .parents
+            .get_mut(parent)
+            .and_then(|listing| listing.as_mut().ok())
+            .expect("a listed parent")
+    }
+
     /// `parent`'s children could not be listed this tick.
     fn unlisted(&mut self, parent: &str, message: &str) -> &mut Self {
         self.snapshot.parents.insert(
@@ -551,13 +560,7 @@ fn the_hard_bound_counts_from_placement_not_from_submission() {
     );
     let submitted = t0() - Duration::minutes(5 * 24 * 60 + 40);
     let set_times = |w: &mut World, placed_at: DateTime<Utc>| {
-        let children = w
-            .snapshot
-            .parents
-            .get_mut("ci-runner")
-            .unwrap()
-            .as_mut()
-            .unwrap();
+        let children = w.children_of("ci-runner");
         children[0].submitted_at = Some(submitted);
         children[0].placed_at = Some(placed_at);
     };
@@ -626,13 +629,7 @@ fn dead_children_of_ours_are_purged_and_foreign_ones_never() {
         ChildStatus::Running,
         Placement::Placed,
     );
-    let listing = w
-        .snapshot
-        .parents
-        .get_mut("ci-runner")
-        .unwrap()
-        .as_mut()
-        .unwrap();
+    let listing = w.children_of("ci-runner");
     listing[2].ours = false;
     listing.push(Child {
         ours: false,
