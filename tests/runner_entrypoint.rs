@@ -124,6 +124,13 @@ env > '{record}/config.env'
         &scratch.path("home/run.sh"),
         &format!(
             r#"#!/usr/bin/env bash
+# Traps first: the entrypoint may stop an idle runner as soon as it started.
+# The trap also ends the sleep being waited for: a signal handled just before `wait` starts
+# (bash runs traps between commands) would otherwise leave the wait to run its full length.
+got= s=
+stop() {{ got=$1; [ -n "$s" ] && kill "$s" 2>/dev/null; }}
+trap 'stop INT' INT
+trap 'stop TERM' TERM
 r='{record}'
 printf '%s\n' "$@" > "$r/run.argv"
 env > "$r/run.env"
@@ -146,12 +153,6 @@ job() {{
   wait $!
   echo done > "$r/job.done"
 }}
-# The trap also ends the sleep being waited for: a signal handled just before `wait` starts
-# (bash runs traps between commands) would otherwise leave the wait to run its full length.
-got= s=
-stop() {{ got=$1; [ -n "$s" ] && kill "$s" 2>/dev/null; }}
-trap 'stop INT' INT
-trap 'stop TERM' TERM
 case {mode} in
   job) job loud; exit 0 ;;
   quiet-job) job quiet; exit 0 ;;

@@ -332,6 +332,17 @@ wait_listener() {
   listener=
 }
 
+# Microseconds on the wall clock. bash's SECONDS counts whole seconds since the shell started,
+# so a deadline SECONDS + 1 could come a moment later, at the next whole second; with
+# EPOCHREALTIME (bash >= 5.0; its decimal point follows the locale) a timeout is never short.
+now_us() {
+  if [[ -n ${EPOCHREALTIME:-} ]]; then
+    printf '%s' "${EPOCHREALTIME/[.,]/}"
+  else
+    printf '%s' "$((SECONDS * 1000000))"
+  fi
+}
+
 # A Runner.Worker process below the listener: a job is executing right now. argv[0] is read
 # from /proc (a stand-in started with `exec -a Runner.Worker` looks the same), and only
 # descendants of our listener count.
@@ -396,11 +407,11 @@ if [[ $forge == github ]]; then
     jitconfig=
   fi
 
-  deadline=$((SECONDS + idle_s)) stopped_idle='' seen_job=''
+  deadline=$(($(now_us) + idle_s * 1000000)) stopped_idle='' seen_job=''
   while kill -0 "$listener" 2>/dev/null; do
     if [[ -e $state/job ]] || worker_running; then
       seen_job=1
-    elif [[ -z $stopped_idle && -z $signalled ]] && ((SECONDS >= deadline)); then
+    elif [[ -z $stopped_idle && -z $signalled ]] && (($(now_us) >= deadline)); then
       # Checked again at the moment of stopping: a job that just arrived keeps the runner.
       if ! worker_running && [[ ! -e $state/job ]]; then
         log "no job assigned in $idle_timeout; stopping the runner (SIGINT)"
@@ -481,7 +492,7 @@ fi
 # `one-job` (forgejo-runner ≥ 6.1.0, internal/app/cmd/job.go) asks once for a task, runs it
 # and exits; with none waiting it exits with "could not fetch task". So ask again until a task
 # is taken or the idle timeout has passed.
-deadline=$((SECONDS + idle_s))
+deadline=$(($(now_us) + idle_s * 1000000))
 while :; do
   rm -f "$state/no-task"
   start -- "$forgejo_runner" one-job -c config.yml
@@ -499,7 +510,7 @@ while :; do
     log "the runner failed before taking a job (exit $rc)"
     failure "$rc"
   fi
-  if ((SECONDS >= deadline)); then
+  if (($(now_us) >= deadline)); then
     log "no job assigned in $idle_timeout; exiting"
     exit 3
   fi
