@@ -230,6 +230,17 @@ struct Quiet {
     newest: Option<(String, bool)>,
 }
 
+/// How deep a read of a repo's queue goes.
+enum Depth {
+    /// Every status that can hold a queued job, and each such run's jobs; the requests the
+    /// last full read of the repo took, if it had one.
+    Full { last_requests: Option<u32> },
+    /// The `queued` and `in_progress` runs of a quiet repo, hourly.
+    Deep,
+    /// The newest runs, conditionally, from what the last quick read saw.
+    Quick(Option<Quiet>),
+}
+
 /// What a quick read found.
 enum QuickRead {
     /// No run among the newest is active: nothing can be queued there.
@@ -1226,21 +1237,13 @@ impl QueueSource for GitHub {
             .expect("last reads lock")
             .get(&repo.repo)
             .cloned();
-        let statuses: &[&str] = match last {
-            _ if hinted || !self.conditional_requests => &RUN_STATUSES_WITH_QUEUED_JOBS,
-            Some(LastRead::Busy { .. }) => &RUN_STATUSES_WITH_QUEUED_JOBS,
-            Some(LastRead::Quiet(quiet)) if now - quiet.deep_read_at >= DEEP_READ_INTERVAL => {
-                &DEEP_READ_STATUSES
-            }
-            // The first read of a repo is quick too: at a restart, hundreds of repos are read
-            // within minutes, at one request each instead of five.
-            quiet_or_unread => {
-                let quiet = quiet_or_unread.and_then(LastRead::into_quiet);
-                match self.quick_read(repo, quiet, now).await? {
-                    QuickRead::Quiet => return Ok(RepoJobs::default()),
-                    QuickRead::Active => &RUN_STATUSES_WITH_QUEUED_JOBS,
-                }
-            }
+        let statuses: &[&str] = match self.depth(last, hinted, now) {
+            Depth::Full { .. } => &RUN_STATUSES_WITH_QUEUED_JOBS,
+            Depth::Deep => &DEEP_READ_STATUSES,
+            Depth::Quick(quiet) => match self.quick_read(repo, quiet, now).await? {
+                QuickRead::Quiet => return Ok(RepoJobs::default()),
+                QuickRead::Active => &RUN_STATUSES_WITH_QUEUED_JOBS,
+            },
         };
         let (jobs, no_runs, requests) = self.full_read(repo, statuses).await?;
         let mut last_reads = self.last_reads.lock().expect("last reads lock");
@@ -1265,9 +1268,27 @@ impl QueueSource for GitHub {
 }
 
 impl GitHub {
-    /// The requests `repo`'s next [`QueueSource::list_jobs`] will likely take, read from the
-    /// same memory that decides how deep it reads: a busy repo as many as its last full read,
-    /// a quiet one one (its newest runs), or one per status when its deep read is due.
+    /// How deep the next read of a repo goes, from its last read and whether a webhook hinted
+    /// at it: the one decision both [`QueueSource::list_jobs`] and its cost estimate follow.
+    fn depth(&self, last: Option<LastRead>, hinted: bool, now: DateTime<Utc>) -> Depth {
+        match last {
+            Some(LastRead::Busy { requests }) => Depth::Full {
+                last_requests: Some(requests),
+            },
+            _ if hinted || !self.conditional_requests => Depth::Full {
+                last_requests: None,
+            },
+            Some(LastRead::Quiet(quiet)) if now - quiet.deep_read_at >= DEEP_READ_INTERVAL => {
+                Depth::Deep
+            }
+            // The first read of a repo is quick too: at a restart, hundreds of repos are read
+            // within minutes, at one request each instead of five.
+            quiet_or_unread => Depth::Quick(quiet_or_unread.and_then(LastRead::into_quiet)),
+        }
+    }
+
+    /// The requests `repo`'s next [`QueueSource::list_jobs`] will likely take: a full read
+    /// as many as the last one, a deep read one per status, a quick read one.
     fn next_read_requests(&self, repo: &RepoName, now: DateTime<Utc>) -> u32 {
         let hinted = self
             .hinted
@@ -1280,13 +1301,10 @@ impl GitHub {
             .expect("last reads lock")
             .get(repo)
             .cloned();
-        match last {
-            Some(LastRead::Busy { requests }) => requests,
-            _ if hinted || !self.conditional_requests => FULL_READ_REQUESTS_AT_LEAST,
-            Some(LastRead::Quiet(quiet)) if now - quiet.deep_read_at >= DEEP_READ_INTERVAL => {
-                DEEP_READ_STATUSES.len() as u32
-            }
-            _ => 1,
+        match self.depth(last, hinted, now) {
+            Depth::Full { last_requests } => last_requests.unwrap_or(FULL_READ_REQUESTS_AT_LEAST),
+            Depth::Deep => DEEP_READ_STATUSES.len() as u32,
+            Depth::Quick(_) => 1,
         }
     }
 
