@@ -285,7 +285,8 @@ impl Fence {
         Some(until.saturating_duration_since(Instant::now()))
     }
 
-    /// Runs `write` if the fence is open, within its landing budget.
+    /// Runs `write` if the fence is open, within its landing budget: every write port goes
+    /// through here.
     async fn write<T>(
         &self,
         doing: String,
@@ -413,11 +414,11 @@ impl Registrar for FencedRegistrar {
         repo: &RepoConfig,
         runner: RunnerIdentity<'_>,
     ) -> Result<Option<Credential>, PortError> {
-        self.fence.refusal(format_args!(
+        let doing = format!(
             "mint a credential for runner {} of {}",
             runner.name, repo.repo
-        ))?;
-        self.inner.mint(repo, runner).await
+        );
+        self.fence.write(doing, self.inner.mint(repo, runner)).await
     }
 
     fn repo_url(&self, repo: &RepoConfig) -> String {
@@ -445,11 +446,10 @@ impl RunnerRegistry for FencedRunners {
         repo: &RepoConfig,
         runner_id: u64,
     ) -> Result<Deregistration, PortError> {
-        self.fence.refusal(format_args!(
-            "delete runner registration {runner_id} of {}",
-            repo.repo
-        ))?;
-        self.inner.delete_runner(repo, runner_id).await
+        let doing = format!("delete runner registration {runner_id} of {}", repo.repo);
+        self.fence
+            .write(doing, self.inner.delete_runner(repo, runner_id))
+            .await
     }
 }
 
@@ -465,9 +465,10 @@ impl RegisteredRunners for FencedRegistered {
         repo: &RepoConfig,
         runner_id: u64,
     ) -> Result<Deregistration, PortError> {
+        let doing = format!("delete runner {runner_id} of {}", repo.repo);
         self.fence
-            .refusal(format_args!("delete runner {runner_id} of {}", repo.repo))?;
-        self.inner.delete_registered(repo, runner_id).await
+            .write(doing, self.inner.delete_registered(repo, runner_id))
+            .await
     }
 }
 
