@@ -143,9 +143,11 @@ pub async fn check_live(config: &Config, clients: &LiveClients) -> LiveReport {
                 check_readable(repo, vault_path, clients, &mut report).await;
             }
             Mode::Forgejo { url, vault_path } => {
-                // The version is read with the repo's API token: without it, that is the
-                // one problem to fix first.
-                if check_readable(repo, vault_path, clients, &mut report).await {
+                // The version is read with the repo's API token: without it, or without the
+                // origin it may be sent to, that is the one problem to fix first.
+                if check_readable(repo, vault_path, clients, &mut report).await
+                    && check_token_origin(repo, vault_path, clients, &mut report).await
+                {
                     check_forgejo(repo, url, clients, &mut report).await;
                 }
             }
@@ -241,6 +243,37 @@ async fn check_readable(
                 e.message,
                 vault.data_path(path)
             ));
+            false
+        }
+    }
+}
+
+/// Whether the secret at `path` names the origin of the repo's `forgejoUrl`, the only one its
+/// token is sent to. Before this was checked, any `forgejoUrl` got the token: an operator
+/// upgrading runs `config check --live` to list the secrets that need their `url`.
+async fn check_token_origin(
+    repo: &RepoConfig,
+    path: &str,
+    clients: &LiveClients,
+    report: &mut LiveReport,
+) -> bool {
+    match clients.forgejo.token_origin(repo).await {
+        Ok(origin) => {
+            report.checked.push(format!(
+                "{}: the API token at {path} is for {origin}, the origin of forgejoUrl",
+                repo.repo
+            ));
+            if origin.is_plain_http() {
+                report.notes.push(format!(
+                    "{}: the API token at {path} travels to {origin} in clear text, as its \
+                     secret's url says",
+                    repo.repo
+                ));
+            }
+            true
+        }
+        Err(e) => {
+            report.problems.push(about(&repo.repo, &e.message));
             false
         }
     }

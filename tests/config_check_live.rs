@@ -280,3 +280,60 @@ fn a_forgejo_ca_that_does_not_parse_is_a_bad_setting_naming_it() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forgejo_repo_aimed_elsewhere_or_at_an_unbound_token_fails_the_check() {
+    let twins = Twins::start().await;
+    twins.provision_brief_world();
+    let elsewhere = support::bystander::Bystander::start().await;
+    // Before the upgrade: a second repo's secret has its token and no url.
+    twins.vault.put_secret(
+        "secret",
+        "forgejo/unbound",
+        serde_json::json!({ "token": support::twins::FORGEJO_TOKEN }),
+    );
+    twins.vault.add_token(
+        VAULT_TOKEN,
+        VaultPolicy::read_only([
+            "secret/data/github/moat-poll",
+            "secret/data/forgejo/scaler",
+            "secret/data/forgejo/unbound",
+        ]),
+    );
+    let document = format!(
+        r#"{{
+  "alex/s3-orchestrator": {{
+    "mode": "forgejo", "forgejoUrl": "{}", "vaultPath": "forgejo/scaler",
+    "defaultJob": "forgejo-build-runner", "labels": ["build"]
+  }},
+  "alex/unbound": {{
+    "mode": "forgejo", "forgejoUrl": "{}", "vaultPath": "forgejo/unbound",
+    "defaultJob": "forgejo-build-runner", "labels": ["build"]
+  }}
+}}"#,
+        elsewhere.base_url(),
+        twins.forgejo_server.base_url()
+    );
+    let output = check_live(&twins, &document).await;
+    assert_eq!(output.status.code(), Some(1), "{}", shown(&output));
+    let stderr = text(&output.stderr);
+    let aimed = stderr
+        .lines()
+        .find(|l| l.starts_with("alex/s3-orchestrator: "))
+        .unwrap_or_else(|| panic!("no line for the aimed repo:\n{}", shown(&output)));
+    assert!(
+        aimed.contains(&elsewhere.base_url()) && aimed.contains("forgejo/scaler"),
+        "{aimed}"
+    );
+    let unbound = stderr
+        .lines()
+        .find(|l| l.starts_with("alex/unbound: "))
+        .unwrap_or_else(|| panic!("no line for the unbound repo:\n{}", shown(&output)));
+    assert!(
+        unbound.contains("forgejo/unbound") && unbound.contains("url="),
+        "{unbound}"
+    );
+    // Checked on the other side: the check sent that host nothing.
+    assert_eq!(elsewhere.connections(), 0);
+    assert!(!shown(&output).contains(support::twins::FORGEJO_TOKEN));
+}

@@ -40,12 +40,16 @@ impl World {
             VAULT_TOKEN,
             VaultPolicy::read_only([format!("secret/data/{VAULT_PATH}")]),
         );
-        vault.put_secret("secret", VAULT_PATH, json!({ "token": API_TOKEN }));
         let vault_server = vault.serve().await.unwrap();
         let forgejo = ForgejoTwin::new();
         forgejo.add_token(API_TOKEN);
         forgejo.add_repo(REPO);
         let forgejo_server = forgejo.serve().await.unwrap();
+        vault.put_secret(
+            "secret",
+            VAULT_PATH,
+            json!({ "token": API_TOKEN, "url": forgejo_server.base_url() }),
+        );
         let kv = VaultKv::new(VaultSettings {
             addr: vault_server.base_url().parse().unwrap(),
             token: SecretString::from(VAULT_TOKEN),
@@ -63,6 +67,15 @@ impl World {
             forgejo_server,
             client,
         }
+    }
+
+    /// Rewrites the API token's secret to say it is for the Forgejo at `url`.
+    fn bind_token_to(&self, url: &str) {
+        self.vault.put_secret(
+            "secret",
+            VAULT_PATH,
+            json!({ "token": API_TOKEN, "url": url }),
+        );
     }
 
     /// A forgejo repo whose job search asks for `labels`.
@@ -422,7 +435,7 @@ async fn a_401_on_a_cached_token_reads_the_token_from_vault_again_once() {
     world.vault.put_secret(
         "secret",
         VAULT_PATH,
-        json!({ "token": "forgejo-api-token-two" }),
+        json!({ "token": "forgejo-api-token-two", "url": world.forgejo_server.base_url() }),
     );
     world.forgejo.add_token("forgejo-api-token-two");
     world.forgejo.revoke_token(API_TOKEN);
@@ -563,6 +576,7 @@ async fn later_fields_are_tolerated_and_malformed_bodies_are_malformed() {
         r#"{"token":"reg-token-secret-value"#,
     )
     .await;
+    world.bind_token_to(&newer.base_url());
     let repo = forgejo_repo(&newer.base_url(), &["build"]);
     let jobs = world.client.list_jobs(&repo).await.unwrap();
     assert_eq!(jobs.jobs.len(), 1);
@@ -582,6 +596,7 @@ async fn later_fields_are_tolerated_and_malformed_bodies_are_malformed() {
     );
 
     let wrapped = scripted_forgejo(r#"{"jobs":[]}"#, r#"{"token":7}"#).await;
+    world.bind_token_to(&wrapped.base_url());
     let repo = forgejo_repo(&wrapped.base_url(), &["build"]);
     let err = world.client.list_jobs(&repo).await.unwrap_err();
     assert_eq!(err.class, ErrorClass::Malformed);
@@ -595,4 +610,179 @@ async fn later_fields_are_tolerated_and_malformed_bodies_are_malformed() {
         .await
         .unwrap_err();
     assert_eq!(err.class, ErrorClass::Malformed);
+}
+
+/// Everything a document can aim a Forgejo repo at, and what the Forgejo client sends there.
+async fn aim_and_call(world: &World, forgejo_url: &str) -> Vec<runner_scaler::observe::PortError> {
+    let repo = forgejo_repo(forgejo_url, &["build"]);
+    let mut refused = vec![world.client.list_jobs(&repo).await.unwrap_err()];
+    refused.push(
+        world
+            .client
+            .mint(&repo, support::TestRunner::any().identity())
+            .await
+            .unwrap_err(),
+    );
+    refused.push(
+        world
+            .client
+            .registers_ephemeral_runners(&repo)
+            .await
+            .unwrap_err(),
+    );
+    refused
+}
+
+#[tokio::test]
+async fn a_document_aiming_a_repo_at_another_host_sends_that_host_nothing() {
+    let world = World::new().await;
+    let elsewhere = support::bystander::Bystander::start().await;
+    for refused in aim_and_call(&world, &elsewhere.base_url()).await {
+        assert_eq!(
+            refused.class,
+            ErrorClass::Configuration,
+            "{}",
+            refused.message
+        );
+        for named in [REPO, VAULT_PATH, "nothing is sent to", "correct forgejoUrl"] {
+            assert!(
+                refused.message.contains(named),
+                "{named}: {}",
+                refused.message
+            );
+        }
+        assert!(!refused.message.contains(API_TOKEN), "{}", refused.message);
+    }
+    // Checked on the other host's side: not even a connection.
+    assert_eq!(elsewhere.connections(), 0);
+    assert!(!elsewhere.received(API_TOKEN));
+    // The instance the token is for was not asked either: the document is wrong, not Forgejo.
+    assert!(world.forgejo.requests().is_empty());
+}
+
+#[tokio::test]
+async fn a_token_whose_secret_names_no_forgejo_is_sent_nowhere() {
+    let world = World::new().await;
+    world
+        .vault
+        .put_secret("secret", VAULT_PATH, json!({ "token": API_TOKEN }));
+    for refused in aim_and_call(&world, &world.forgejo_server.base_url()).await {
+        assert_eq!(
+            refused.class,
+            ErrorClass::Configuration,
+            "{}",
+            refused.message
+        );
+        for named in [REPO, VAULT_PATH, "url=https://"] {
+            assert!(
+                refused.message.contains(named),
+                "{named}: {}",
+                refused.message
+            );
+        }
+    }
+    assert!(world.forgejo.requests().is_empty());
+
+    // The operator adds the url: served at the next call, not after the token cache expires.
+    world.bind_token_to(&world.forgejo_server.base_url());
+    world
+        .client
+        .list_jobs(&world.repo(&["build"]))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn plain_http_goes_only_where_the_secret_says_http() {
+    let world = World::new().await;
+    // The secret says https at the same host and port: a document's http:// would send the
+    // token in clear text.
+    let https = world
+        .forgejo_server
+        .base_url()
+        .replace("http://", "https://");
+    world.bind_token_to(&https);
+    for refused in aim_and_call(&world, &world.forgejo_server.base_url()).await {
+        assert_eq!(
+            refused.class,
+            ErrorClass::Configuration,
+            "{}",
+            refused.message
+        );
+        assert!(refused.message.contains(&https), "{}", refused.message);
+    }
+    assert!(world.forgejo.requests().is_empty());
+}
+
+#[tokio::test]
+async fn a_cached_token_is_not_sent_to_another_origin_either() {
+    let world = World::new().await;
+    let repo = world.repo(&["build"]);
+    world.client.list_jobs(&repo).await.unwrap();
+    // The document changes after the token was cached for the right instance.
+    let elsewhere = support::bystander::Bystander::start().await;
+    let refused = aim_and_call(&world, &elsewhere.base_url()).await;
+    assert!(
+        refused.iter().all(|e| e.class == ErrorClass::Configuration),
+        "{refused:?}"
+    );
+    assert_eq!(elsewhere.connections(), 0);
+    // The right instance is still served from the cache.
+    world.client.list_jobs(&repo).await.unwrap();
+}
+
+/// A Forgejo whose job search answers `size` bytes, declared or streamed.
+async fn oversized_forgejo(size: usize, declared: bool) -> TwinServer {
+    let router = axum::Router::new()
+        .route(
+            "/api/v1/version",
+            get(|| async { axum::Json(json!({"version": "15.0.0+gitea-1.22.0"})) }),
+        )
+        .route(
+            "/api/v1/repos/{owner}/{repo}/actions/runners/jobs",
+            get(move || async move {
+                let chunk = axum::body::Bytes::from(vec![b' '; 64 * 1024]);
+                let chunks = size.div_ceil(chunk.len());
+                if declared {
+                    let body = vec![b' '; size];
+                    return axum::response::Response::new(axum::body::Body::from(body));
+                }
+                let stream = futures::stream::iter(
+                    (0..chunks).map(move |_| Ok::<_, std::io::Error>(chunk.clone())),
+                );
+                axum::response::Response::new(axum::body::Body::from_stream(stream))
+            }),
+        );
+    TwinServer::start(router).await.unwrap()
+}
+
+#[tokio::test]
+async fn an_answer_over_the_body_cap_is_refused_not_read() {
+    use runner_scaler::clients::forgejo::RESPONSE_BODY_MAX_BYTES;
+    let world = World::new().await;
+    for declared in [true, false] {
+        let server = oversized_forgejo(RESPONSE_BODY_MAX_BYTES + 1, declared).await;
+        world.bind_token_to(&server.base_url());
+        let repo = forgejo_repo(&server.base_url(), &["build"]);
+        let refused = world.client.list_jobs(&repo).await.unwrap_err();
+        assert_eq!(refused.class, ErrorClass::Malformed, "{}", refused.message);
+        assert!(
+            refused.message.contains("body over") && refused.message.contains(REPO),
+            "{}",
+            refused.message
+        );
+    }
+    // At the cap exactly, the body is read (and is not JSON: malformed for another reason).
+    let server = oversized_forgejo(RESPONSE_BODY_MAX_BYTES, false).await;
+    world.bind_token_to(&server.base_url());
+    let refused = world
+        .client
+        .list_jobs(&forgejo_repo(&server.base_url(), &["build"]))
+        .await
+        .unwrap_err();
+    assert!(
+        !refused.message.contains("body over"),
+        "{}",
+        refused.message
+    );
 }

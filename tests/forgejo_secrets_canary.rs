@@ -61,14 +61,10 @@ async fn no_secret_reaches_the_logs_or_an_error_at_trace_level() {
         VAULT_TOKEN,
         VaultPolicy::read_only([
             "secret/data/forgejo/scaler",
+            "secret/data/forgejo/scaler15",
             "secret/data/deleted",
             "secret/data/github/app",
         ]),
-    );
-    vault.put_secret(
-        "secret",
-        "forgejo/scaler",
-        json!({"token": API_TOKEN, "note": VAULT_ONLY_VALUE}),
     );
     vault.put_secret("secret", "deleted", json!({"token": VAULT_ONLY_VALUE}));
     vault.soft_delete("secret", "deleted");
@@ -83,6 +79,11 @@ async fn no_secret_reaches_the_logs_or_an_error_at_trace_level() {
     forgejo.add_repo(REPO);
     forgejo.add_job(REPO, "build", &["build"]);
     let forgejo_server = forgejo.serve().await.unwrap();
+    vault.put_secret(
+        "secret",
+        "forgejo/scaler",
+        json!({"token": API_TOKEN, "url": forgejo_server.base_url(), "note": VAULT_ONLY_VALUE}),
+    );
 
     let kv = Arc::new(
         VaultKv::new(VaultSettings {
@@ -136,10 +137,15 @@ async fn no_secret_reaches_the_logs_or_an_error_at_trace_level() {
     forgejo15.add_token(API_TOKEN);
     forgejo15.add_repo(REPO);
     let forgejo15_server = forgejo15.serve().await.unwrap();
+    vault.put_secret(
+        "secret",
+        "forgejo/scaler15",
+        json!({"token": API_TOKEN, "url": forgejo15_server.base_url()}),
+    );
     let mut repo15 = repo.clone();
     repo15.mode = Mode::Forgejo {
         url: forgejo15_server.base_url().parse().unwrap(),
-        vault_path: "forgejo/scaler".to_string(),
+        vault_path: "forgejo/scaler15".to_string(),
     };
     let ephemeral = client
         .mint(&repo15, support::TestRunner::any().identity())
@@ -165,7 +171,7 @@ async fn no_secret_reaches_the_logs_or_an_error_at_trace_level() {
     vault.put_secret(
         "secret",
         "forgejo/scaler",
-        json!({"token": ROTATED_API_TOKEN}),
+        json!({"token": ROTATED_API_TOKEN, "url": forgejo_server.base_url()}),
     );
     forgejo.revoke_token(API_TOKEN);
     forgejo.add_token(ROTATED_API_TOKEN);

@@ -908,3 +908,31 @@ async fn a_second_read_of_a_listing_of_many_pages_is_answered_304_throughout() {
         .collect();
     assert!(charged.is_empty(), "charged: {charged:?}");
 }
+
+#[tokio::test]
+async fn an_answer_over_the_body_cap_is_refused_not_read() {
+    use runner_scaler::clients::github::RESPONSE_BODY_MAX_BYTES;
+    // Not GitHub: a server that answers every listing with spaces and no end in sight.
+    let endless = axum::Router::new().fallback(|| async {
+        let chunk = axum::body::Bytes::from(vec![b' '; 64 * 1024]);
+        let chunks = (RESPONSE_BODY_MAX_BYTES / chunk.len()) + 2;
+        let stream =
+            futures::stream::iter((0..chunks).map(move |_| Ok::<_, std::io::Error>(chunk.clone())));
+        axum::response::Response::new(axum::body::Body::from_stream(stream))
+    });
+    let server = TwinServer::start(endless).await.unwrap();
+    let vault = Arc::new(FakeVault::default());
+    vault.put("github/poll", "token", "ghp_poll");
+    let settings = GitHubSettings {
+        api_url: Url::parse(&server.base_url()).unwrap(),
+        app: None,
+        request_timeout: Duration::from_secs(30),
+    };
+    let client = GitHub::new(settings, vault).unwrap();
+    let e = client
+        .list_jobs(&vault_repo("acme/api", "github/poll"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.class, ErrorClass::Malformed, "{e}");
+    assert!(e.message.contains("body over"), "{e}");
+}

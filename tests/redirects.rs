@@ -148,12 +148,16 @@ async fn vault_does_not_follow_a_redirect() {
     );
 }
 
-struct ApiToken;
+/// The API token, for the Forgejo at the origin it holds.
+struct ApiToken(String);
 
 #[async_trait]
 impl SecretSource for ApiToken {
-    async fn read_field(&self, _path: &str, _field: &str) -> Result<SecretString, PortError> {
-        Ok(SecretString::from(TOKEN))
+    async fn read_field(&self, _path: &str, field: &str) -> Result<SecretString, PortError> {
+        Ok(SecretString::from(match field {
+            "url" => self.0.clone(),
+            _ => TOKEN.to_string(),
+        }))
     }
 }
 
@@ -161,7 +165,7 @@ impl SecretSource for ApiToken {
 async fn forgejo_does_not_follow_a_redirect() {
     let world = Redirecting::start().await;
     let forgejo = Forgejo::new(
-        Arc::new(ApiToken),
+        Arc::new(ApiToken(world.service.base_url())),
         &TlsFiles::default(),
         Duration::from_secs(10),
     )

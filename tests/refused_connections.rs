@@ -106,7 +106,7 @@ async fn a_refused_connection_is_one_line_naming_the_service_address_and_cause()
     vault_twin.put_secret(
         "secret",
         "forgejo/scaler",
-        json!({ "token": "a-forgejo-token" }),
+        json!({ "token": "a-forgejo-token", "url": addresses.forgejo }),
     );
     let vault_server = vault_twin.serve().await.unwrap();
     let kv = VaultKv::new(VaultSettings {

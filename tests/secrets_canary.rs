@@ -77,7 +77,11 @@ async fn world() -> World {
         ]),
     );
     vault.put_secret("secret", "github/poll", json!({ "token": POLL_TOKEN }));
-    vault.put_secret("secret", "forgejo/token", json!({ "token": FORGEJO_TOKEN }));
+    vault.put_secret(
+        "secret",
+        "forgejo/token",
+        json!({ "token": FORGEJO_TOKEN, "url": servers[1].base_url() }),
+    );
     nomad.set_acl_token(Some(NOMAD_TOKEN));
     let optional = ["labels", "managed_by"];
     for parent in ["ci-runner", "forgejo-build-runner"] {

@@ -21,8 +21,9 @@ use url::Url;
 
 use crate::act::{Credential, Deregistration, RegisteredRunners, Registrar, RunnerIdentity};
 use crate::clients::http::{
-    TlsFiles, build_client, class_of_status, redirect_refused, transport_error,
+    TlsFiles, build_client, class_of_status, read_body_capped, redirect_refused, transport_error,
 };
+use crate::clients::origin::Origin;
 use crate::config::{Mode, RepoConfig};
 use crate::model::ErrorClass;
 use crate::observe::{ForgeJob, JobState, PortError, QueueSource, RepoJobs};
@@ -30,6 +31,15 @@ use crate::secrets::SecretSource;
 
 /// Field of the Vault secret at a repo's `vaultPath` that holds the Forgejo API token.
 pub const API_TOKEN_FIELD: &str = "token";
+
+/// Field of the same secret that names the Forgejo the token was issued for. The token goes
+/// only to that origin: the document's `forgejoUrl` is compared with it, never trusted alone,
+/// since whoever edits the document need not be trusted with the token.
+pub const API_URL_FIELD: &str = "url";
+
+/// The largest answer read from a Forgejo. The biggest is a repo's runner-job search, which
+/// Forgejo does not page: a few hundred bytes a job.
+pub const RESPONSE_BODY_MAX_BYTES: usize = 8 * 1024 * 1024;
 
 /// How long an API token read from Vault is reused. Short, so that a rotated token is picked
 /// up within minutes even when the old one keeps working; a 401 drops it at once.
@@ -46,6 +56,8 @@ pub const EPHEMERAL_RUNNER_MAJOR_MIN: u64 = 15;
 
 struct CachedToken {
     token: SecretString,
+    /// The origin the token's secret names, the only one it is sent to.
+    origin: Origin,
     read_at: Instant,
 }
 
@@ -89,6 +101,8 @@ struct Call<'a> {
     repo: &'a RepoConfig,
     base: String,
     shown_base: String,
+    /// The origin of the document's `forgejoUrl`, or why it has none.
+    origin: Result<Origin, String>,
     vault_path: &'a str,
 }
 
@@ -165,6 +179,7 @@ impl Forgejo {
                 repo,
                 base: url.as_str().trim_end_matches('/').to_string(),
                 shown_base: shown_url(url),
+                origin: Origin::of(url),
                 vault_path,
             }),
             other => Err(PortError::new(
@@ -178,37 +193,90 @@ impl Forgejo {
         }
     }
 
-    /// The repo's API token and whether it came from the cache.
+    /// The repo's API token and whether it came from the cache; only when the document's
+    /// `forgejoUrl` is the origin the token's secret names.
     async fn api_token(&self, call: &Call<'_>) -> Result<(SecretString, bool), PortError> {
         if let Some(cached) = self.tokens().get(call.vault_path)
             && cached.read_at.elapsed() < self.token_ttl
+            && call.origin.as_ref() == Ok(&cached.origin)
         {
             return Ok((cached.token.clone(), true));
         }
-        let token = self
-            .secrets
-            .read_field(call.vault_path, API_TOKEN_FIELD)
-            .await
-            .map_err(|e| e.context(format!("read the Forgejo API token of {}", call.repo.repo)))?;
-        if reqwest::header::HeaderValue::from_str(&format!("token {}", token.expose_secret()))
-            .is_err()
-        {
-            return Err(PortError::new(
-                ErrorClass::Configuration,
-                format!(
-                    "the Forgejo API token of {} (Vault path {}) contains characters not allowed in an HTTP header",
-                    call.repo.repo, call.vault_path
-                ),
-            ));
-        }
+        // Not cached, expired, or cached for another origin: read afresh, so a secret whose
+        // `url` was just corrected is seen at once.
+        let (token, origin) = self.bound_token(call).await?;
         self.tokens().insert(
             call.vault_path.to_string(),
             CachedToken {
                 token: token.clone(),
+                origin,
                 read_at: Instant::now(),
             },
         );
         Ok((token, false))
+    }
+
+    /// Reads the token and the origin it is for from Vault, and refuses it unless that origin
+    /// is the document's `forgejoUrl`'s.
+    async fn bound_token(&self, call: &Call<'_>) -> Result<(SecretString, Origin), PortError> {
+        let repo = &call.repo.repo;
+        let path = call.vault_path;
+        let refused = |problem: String| PortError::new(ErrorClass::Configuration, problem);
+        let read = self
+            .secrets
+            .read_fields(path, &[API_TOKEN_FIELD, API_URL_FIELD])
+            .await
+            .map_err(|e| e.context(format!("read the Forgejo API token of {repo}")))?;
+        let mut read = read.into_iter();
+        let (Some(token), url) = (read.next().flatten(), read.next().flatten()) else {
+            return Err(refused(format!(
+                "{repo}: the Vault secret {path} has no {API_TOKEN_FIELD} field: write the \
+                 repo's Forgejo API token there"
+            )));
+        };
+        let Some(url) = url else {
+            return Err(refused(format!(
+                "{repo}: the Vault secret {path} does not say which Forgejo its token is for, \
+                 so it is sent nowhere: add the instance's address beside the token (vault kv \
+                 patch {path} {API_URL_FIELD}=https://forgejo.example)"
+            )));
+        };
+        // The secret's own value: shown only once it parsed as an origin without userinfo.
+        let bound = Origin::parse(url.expose_secret()).map_err(|problem| {
+            refused(format!(
+                "{repo}: the {API_URL_FIELD} field of the Vault secret {path} {problem}: write \
+                 the address of the Forgejo the token was issued for"
+            ))
+        })?;
+        match &call.origin {
+            Ok(origin) if *origin == bound => {}
+            Ok(origin) => {
+                return Err(refused(format!(
+                    "{repo}: forgejoUrl names {origin}, but the API token at Vault path {path} \
+                     is for {bound}: nothing is sent to {origin}; correct forgejoUrl, or, if the \
+                     instance moved, the {API_URL_FIELD} field of the secret"
+                )));
+            }
+            Err(problem) => {
+                return Err(refused(format!("{repo}: forgejoUrl {problem}")));
+            }
+        }
+        if reqwest::header::HeaderValue::from_str(&format!("token {}", token.expose_secret()))
+            .is_err()
+        {
+            return Err(refused(format!(
+                "the Forgejo API token of {repo} (Vault path {path}) contains characters not \
+                 allowed in an HTTP header"
+            )));
+        }
+        Ok((token, bound))
+    }
+
+    /// Where `repo`'s API token may be sent, read from its secret: `config check --live`
+    /// shows it, and refuses a repo whose `forgejoUrl` is elsewhere.
+    pub async fn token_origin(&self, repo: &RepoConfig) -> Result<Origin, PortError> {
+        let call = self.call(repo)?;
+        self.bound_token(&call).await.map(|(_, origin)| origin)
     }
 
     /// GETs `path` under the instance's `/api/v1` with the repo's token.
@@ -285,11 +353,9 @@ impl Forgejo {
                     continue;
                 }
             }
-            let body = response
-                .bytes()
-                .await
-                .map_err(|e| transport_error("Forgejo", doing, &e))?;
-            return Ok((status, body.to_vec(), token));
+            let body =
+                read_body_capped(response, RESPONSE_BODY_MAX_BYTES, "Forgejo", doing).await?;
+            return Ok((status, body, token));
         }
     }
 

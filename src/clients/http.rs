@@ -180,3 +180,38 @@ pub fn class_of_status(status: reqwest::StatusCode) -> ErrorClass {
         _ => ErrorClass::Transient,
     }
 }
+
+/// Reads a response body of at most `max_bytes`: a forge is a server on the other side of a
+/// trust boundary, and one that answers a body without end must not take the daemon's memory
+/// with it. A declared `Content-Length` over the cap is refused before any of it is read.
+pub async fn read_body_capped(
+    mut response: reqwest::Response,
+    max_bytes: usize,
+    service: &str,
+    doing: &str,
+) -> Result<Vec<u8>, PortError> {
+    let too_large = || {
+        PortError::new(
+            ErrorClass::Malformed,
+            format!("{doing}: {service} answered a body over {max_bytes} bytes; it was not read"),
+        )
+    };
+    if response
+        .content_length()
+        .is_some_and(|declared| declared > max_bytes as u64)
+    {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| transport_error(service, doing, &e))?
+    {
+        if body.len() + chunk.len() > max_bytes {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}

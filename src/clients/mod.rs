@@ -7,4 +7,5 @@ pub mod forgejo;
 pub mod github;
 pub mod http;
 pub mod nomad;
+pub mod origin;
 pub mod vault;

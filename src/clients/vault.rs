@@ -475,6 +475,22 @@ impl SecretSource for VaultKv {
         take_string(&mut secret, field)
             .map_err(|found| self.field_error(path, field, found.as_ref(), "a string"))
     }
+
+    async fn read_fields(
+        &self,
+        path: &str,
+        fields: &[&str],
+    ) -> Result<Vec<Option<SecretString>>, PortError> {
+        let mut secret = self.read_secret(path).await?;
+        fields
+            .iter()
+            .map(|field| match take_string(&mut secret, field) {
+                Ok(value) => Ok(Some(value)),
+                Err(None) => Ok(None),
+                Err(found) => Err(self.field_error(path, field, found.as_ref(), "a string")),
+            })
+            .collect()
+    }
 }
 
 /// Moves a non-empty string field out of the secret into a [`SecretString`]; on failure returns

@@ -262,7 +262,8 @@ impl SimTwins {
         self.vault.put_secret(
             "secret",
             "forgejo/scaler",
-            json!({ "token": FORGEJO_TOKEN }),
+            // The token goes only to the Forgejo its secret names.
+            json!({ "token": FORGEJO_TOKEN, "url": self.addresses.forgejo }),
         );
         self.vault.put_secret(
             "secret",

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use tracing_subscriber::fmt::MakeWriter;
 
+pub mod bystander;
 pub mod daemon_process;
 pub mod fixtures;
 pub mod hcl_files;

@@ -286,7 +286,8 @@ impl Twins {
         self.vault.put_secret(
             "secret",
             "forgejo/scaler",
-            json!({ "token": FORGEJO_TOKEN }),
+            // The token goes only to the Forgejo its secret names.
+            json!({ "token": FORGEJO_TOKEN, "url": self.forgejo_server.base_url() }),
         );
         self.vault.put_secret(
             "secret",

@@ -21,6 +21,8 @@ pub mod budget;
 mod transport;
 mod wire;
 
+pub use transport::RESPONSE_BODY_MAX_BYTES;
+
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

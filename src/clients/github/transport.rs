@@ -26,6 +26,18 @@ pub const MEDIA_TYPE: &str = "application/vnd.github+json";
 /// Longest GitHub error message kept in one of our errors; the rest is noise in a log line.
 const GITHUB_MESSAGE_LEN_MAX: usize = 200;
 
+/// The largest answer read from GitHub. The biggest are pages of 100 workflow runs, each with
+/// two repository objects: about 1.5 MiB. A server that sends more is not GitHub answering a
+/// listing, and is not read to the end.
+pub const RESPONSE_BODY_MAX_BYTES: usize = 16 * 1024 * 1024;
+
+/// How one exchange failed to give an answer.
+enum Unanswered {
+    Failed(octocrab::Error),
+    TooLarge,
+    BodyNotText,
+}
+
 /// GitHub asks for at least a minute of waiting after a secondary rate limit without
 /// `retry-after` (docs "Rate limits for the REST API").
 pub const SECONDARY_LIMIT_WAIT_S: u64 = 60;
@@ -155,13 +167,25 @@ impl Transport {
             )
         })?;
         let exchange = async {
-            let response = self.octocrab.execute(request).await?;
-            let (parts, body) = response.into_parts();
-            let body = self
+            let response = self
                 .octocrab
-                .body_to_string(http::Response::new(body))
-                .await?;
-            Ok::<_, octocrab::Error>(Answer {
+                .execute(request)
+                .await
+                .map_err(Unanswered::Failed)?;
+            let (parts, body) = response.into_parts();
+            let body = http_body_util::BodyExt::collect(http_body_util::Limited::new(
+                body,
+                RESPONSE_BODY_MAX_BYTES,
+            ))
+            .await
+            .map_err(|e| match e.downcast::<octocrab::Error>() {
+                Ok(failed) => Unanswered::Failed(*failed),
+                // The only other error `Limited` makes is its length limit.
+                Err(_) => Unanswered::TooLarge,
+            })?
+            .to_bytes();
+            let body = String::from_utf8(body.to_vec()).map_err(|_| Unanswered::BodyNotText)?;
+            Ok::<_, Unanswered>(Answer {
                 status: parts.status,
                 headers: parts.headers,
                 body,
@@ -173,16 +197,31 @@ impl Transport {
             _ => None,
         };
         crate::metrics::count_request(crate::metrics::Service::GitHub, status);
+        let origin = || self.api_url.origin().ascii_serialization();
         match answered {
             Ok(Ok(answer)) => Ok(answer),
             // octocrab's errors name the failing layer and the I/O cause; they carry neither
             // the request headers nor a body.
-            Ok(Err(e)) => Err(PortError::new(
+            Ok(Err(Unanswered::Failed(e))) => Err(PortError::new(
                 ErrorClass::Transient,
                 format!(
                     "{doing}: GitHub at {}: request failed: {}",
-                    self.api_url.origin().ascii_serialization(),
+                    origin(),
                     root_cause(&e)
+                ),
+            )),
+            Ok(Err(Unanswered::TooLarge)) => Err(PortError::new(
+                ErrorClass::Malformed,
+                format!(
+                    "{doing}: GitHub at {} answered a body over {RESPONSE_BODY_MAX_BYTES} bytes; it was not read",
+                    origin()
+                ),
+            )),
+            Ok(Err(Unanswered::BodyNotText)) => Err(PortError::new(
+                ErrorClass::Malformed,
+                format!(
+                    "{doing}: GitHub at {} answered a body that is not UTF-8",
+                    origin()
                 ),
             )),
             Err(_) => Err(PortError::new(
