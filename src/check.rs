@@ -24,82 +24,7 @@ use crate::model::RepoName;
 use crate::observe::PortError;
 use crate::secrets::SecretSource;
 
-/// A parent job as Nomad has it, as far as dispatching to it goes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ParentJob {
-    Missing,
-    NotParameterized,
-    Parameterized {
-        stopped: bool,
-        meta_required: BTreeSet<String>,
-        meta_optional: BTreeSet<String>,
-    },
-}
-
-/// The dispatch meta keys the daemon sends for a repo in `mode`, as the Nomad client writes
-/// them (`DispatchMetaWire` in `clients/nomad.rs`): `runner_token` goes with every runner
-/// the daemon mints a credential for, which in `vault` mode it never does (the runner job
-/// reads its admin token itself).
-pub fn meta_sent(mode: &Mode) -> BTreeSet<&'static str> {
-    let mut keys: BTreeSet<&'static str> = ["repo_url", "labels", "runner_name", "managed_by"]
-        .into_iter()
-        .collect();
-    if !matches!(mode, Mode::Vault { .. }) {
-        keys.insert("runner_token");
-    }
-    keys
-}
-
-/// What is wrong with dispatching `repo`'s runners to `parent`, one line each.
-pub fn parent_problems(repo: &RepoConfig, parent: &str, job: &ParentJob) -> Vec<String> {
-    let who = format!("{}: parent job {parent}", repo.repo);
-    let (stopped, required, optional) = match job {
-        ParentJob::Missing => {
-            return vec![format!(
-                "{who} does not exist in Nomad (in NOMAD_NAMESPACE): register it, or route the \
-                 repo to a parent that exists"
-            )];
-        }
-        ParentJob::NotParameterized => {
-            return vec![format!(
-                "{who} is not a parameterized job: give it a parameterized block, or it cannot \
-                 be dispatched"
-            )];
-        }
-        ParentJob::Parameterized {
-            stopped,
-            meta_required,
-            meta_optional,
-        } => (*stopped, meta_required, meta_optional),
-    };
-    let mut problems = Vec::new();
-    if stopped {
-        problems.push(format!(
-            "{who} is stopped: Nomad refuses to dispatch it; run it again"
-        ));
-    }
-    let sent = meta_sent(&repo.mode);
-    let mode = repo.mode.as_str();
-    for key in &sent {
-        if !required.contains(*key) && !optional.contains(*key) {
-            problems.push(format!(
-                "{who} does not permit meta key {key}, which {mode} mode sends: add it to \
-                 meta_required or meta_optional of its parameterized block, or Nomad refuses \
-                 every dispatch (unpermitted metadata keys)"
-            ));
-        }
-    }
-    for key in required {
-        if !sent.contains(key.as_str()) {
-            problems.push(format!(
-                "{who} requires meta key {key}, which {mode} mode never sends: remove it from \
-                 meta_required (make it optional), or Nomad refuses every dispatch (required \
-                 meta keys missing)"
-            ));
-        }
-    }
-    problems
-}
+pub use crate::observe::{ParentJob, meta_sent, parent_problems};
 
 /// The live services the check asks, as `run` builds them.
 #[derive(Clone)]
@@ -170,10 +95,12 @@ async fn check_parents(
             repo.nomad_namespace.as_deref().unwrap_or_default()
         );
         if !parents.contains_key(&key) {
-            let read = clients
-                .nomad
-                .read_parent(&parent, repo.nomad_namespace.as_deref())
-                .await;
+            let read = crate::observe::ChildSource::read_parent(
+                clients.nomad.as_ref(),
+                &parent,
+                repo.nomad_namespace.as_deref(),
+            )
+            .await;
             parents.insert(key.clone(), read);
         }
         match &parents[&key] {
@@ -469,8 +396,10 @@ mod tests {
     fn parameterized(required: &[&str], optional: &[&str]) -> ParentJob {
         ParentJob::Parameterized {
             stopped: false,
+            payload_required: false,
             meta_required: required.iter().map(|s| s.to_string()).collect(),
             meta_optional: optional.iter().map(|s| s.to_string()).collect(),
+            modify_index: 7,
         }
     }
 
@@ -513,14 +442,29 @@ mod tests {
         }
         let stopped = ParentJob::Parameterized {
             stopped: true,
+            payload_required: false,
             meta_required: BTreeSet::new(),
             meta_optional: meta_sent(&app.mode)
                 .into_iter()
                 .map(str::to_string)
                 .collect(),
+            modify_index: 7,
         };
         let problems = parent_problems(&app, "ci-runner", &stopped);
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert!(problems[0].contains("is stopped"), "{problems:?}");
+        let wants_payload = ParentJob::Parameterized {
+            stopped: false,
+            payload_required: true,
+            meta_required: BTreeSet::new(),
+            meta_optional: meta_sent(&app.mode)
+                .into_iter()
+                .map(str::to_string)
+                .collect(),
+            modify_index: 7,
+        };
+        let problems = parent_problems(&app, "ci-runner", &wants_payload);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("requires a payload"), "{problems:?}");
     }
 }

@@ -34,6 +34,7 @@ fn read_each_repo<P: Send + 'static, T: Send + 'static>(
         .collect::<Vec<_>>()
 }
 
+mod held_parents;
 pub mod polls;
 mod takeback;
 mod waits;
@@ -252,6 +253,8 @@ pub struct Memory {
     admin_token_holds: BTreeMap<RepoName, String>,
     /// The document version Vault was last asked about.
     admin_token_asked_for: Option<u64>,
+    /// Parent readings held dispatches were last let go on.
+    held_parents: held_parents::HeldParents,
 }
 
 /// Runs ticks over a set of services.
@@ -420,6 +423,7 @@ impl Controller {
             .learn_from_snapshot(&snapshot, &exit_codes, now);
         self.read_pause_key().await;
         self.check_admin_tokens(config, config_version).await;
+        self.recheck_held_parents(config, now).await;
         let holds = self.holds(now);
         let plan = (self.planner)(PlanInput {
             config,
@@ -868,6 +872,16 @@ impl Controller {
                     holds.repos.insert(repo.clone(), why);
                 }
                 Scope::Dispatch(parent, repo) => {
+                    let why = if matches!(f.class, ErrorClass::Configuration | ErrorClass::NotFound)
+                    {
+                        format!(
+                            "{} (parent job {parent} is read again every poll: fixed, it is \
+                             dispatched to at once; else next attempt at {})",
+                            f.message, f.retry_at
+                        )
+                    } else {
+                        why
+                    };
                     holds.parents.insert((parent.clone(), repo.clone()), why);
                 }
             }
@@ -959,7 +973,68 @@ impl Controller {
         }
     }
 
+    /// Reads each parent whose dispatch is held for a configuration error, once per tick, and
+    /// ends the hold of those that now read right (see `control_loop/held_parents.rs`).
+    async fn recheck_held_parents(&mut self, config: &Config, now: DateTime<Utc>) {
+        let held: Vec<(String, RepoName)> = self
+            .memory
+            .failures
+            .iter()
+            .filter(|(_, f)| {
+                f.retry_at > now
+                    && matches!(f.class, ErrorClass::Configuration | ErrorClass::NotFound)
+            })
+            .filter_map(|(scope, _)| match scope {
+                Scope::Dispatch(parent, repo) => Some((parent.clone(), repo.clone())),
+                _ => None,
+            })
+            .collect();
+        // One read per parent and namespace, however many repos wait on it.
+        let mut readings: BTreeMap<(Option<String>, String), Option<crate::observe::ParentJob>> =
+            BTreeMap::new();
+        for (parent, repo) in held {
+            let Some(repo_config) = config.repos.get(&repo) else {
+                continue;
+            };
+            let namespace = repo_config.nomad_namespace.clone();
+            let key = (namespace.clone(), parent.clone());
+            if !readings.contains_key(&key) {
+                let read = self
+                    .services
+                    .children
+                    .read_parent(&parent, namespace.as_deref())
+                    .await;
+                if let Err(e) = &read {
+                    debug!("re-check of a held dispatch: {e}");
+                }
+                readings.insert(key.clone(), read.ok());
+            }
+            let Some(reading) = &readings[&key] else {
+                continue;
+            };
+            let problems = crate::observe::parent_problems(repo_config, &parent, reading);
+            let retried_on = self.memory.held_parents.retried_on(&parent, &repo);
+            if held_parents::recheck(reading, &problems, retried_on) == held_parents::Recheck::Retry
+            {
+                info!(
+                    repo = %repo,
+                    parent = %parent,
+                    "parent job {parent} now reads right for {repo}: its held dispatch goes again"
+                );
+                self.memory
+                    .failures
+                    .remove(&Scope::Dispatch(parent.clone(), repo.clone()));
+                self.memory
+                    .held_parents
+                    .retrying(&parent, &repo, reading.clone());
+            }
+        }
+    }
+
     fn succeeded(&mut self, scope: &Scope) {
+        if let Scope::Dispatch(parent, repo) = scope {
+            self.memory.held_parents.dispatched(parent, repo);
+        }
         if let Some(f) = self.memory.failures.remove(scope) {
             debug!("{scope} recovered after {} failure(s)", f.consecutive);
         }
@@ -1036,6 +1111,7 @@ impl Controller {
 
     /// A new config version: terminal errors may have been fixed by it, so try them again.
     pub fn config_changed(&mut self) {
+        self.memory.held_parents.forget_all();
         self.memory.failures.retain(|_, f| {
             !matches!(
                 f.class,

@@ -293,3 +293,92 @@ async fn a_dispatch_refused_for_unpermitted_meta_is_held_while_another_parent_di
     assert!(twins.nomad.children("alpha-runner").is_empty());
     assert_eq!(twins.our_children("ci-runner").len(), 2);
 }
+
+/// GET requests for the parent job `parent` itself (not its children's listing).
+fn parent_reads(twins: &Twins, parent: &str) -> usize {
+    let path = format!("/v1/job/{parent}");
+    twins
+        .nomad
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path == path)
+        .count()
+}
+
+fn mints(twins: &Twins) -> usize {
+    twins
+        .github
+        .request_log()
+        .iter()
+        .filter(|r| r.path.ends_with("/actions/runners/generate-jitconfig"))
+        .count()
+}
+
+#[tokio::test]
+async fn a_forgotten_parent_is_dispatched_to_within_one_poll_of_being_registered() {
+    let twins = Twins::start().await;
+    let alpha = twins.add_app_repo("alpha/api");
+    let config = config(
+        r#"{ "alpha/api": { "mode": "app", "maxConcurrent": 2, "defaultJob": "alpha-runner" } }"#,
+    );
+    twins.github.add_run(&alpha, vec![vec!["self-hosted"]]);
+    let mut ctl = twins.controller();
+    let t0 = Utc::now();
+
+    let view = ctl.tick(&config, 1, at(t0, 0), false).await;
+    let refused = view
+        .dispatches
+        .iter()
+        .find(|d| d.repo == "alpha/api")
+        .expect("alpha's dispatch was attempted");
+    assert_eq!(refused.outcome, "dispatch_failed");
+    let message = refused.error.as_deref().unwrap_or_default();
+    assert!(message.contains("parameterized job not found"), "{message}");
+    let minted = mints(&twins);
+
+    // Still missing: each poll reads the parent once, and mints and dispatches nothing.
+    for n in 1..=3 {
+        let view = ctl.tick(&config, 1, at(t0, n), false).await;
+        assert!(view.dispatches.is_empty(), "{:?}", view.dispatches);
+        let bucket = view.buckets.iter().find(|b| b.repo == "alpha/api").unwrap();
+        let reason = bucket.reason.as_deref().unwrap_or_default();
+        assert!(reason.contains("read again every poll"), "{reason}");
+        assert_eq!(parent_reads(&twins, "alpha-runner"), n as usize);
+    }
+    assert_eq!(mints(&twins), minted, "a held dispatch mints nothing");
+    assert_eq!(twins.dispatch_requests("alpha-runner"), 1);
+
+    // The operator runs the forgotten `nomad job run`: served at the next poll, not ten
+    // minutes later.
+    twins.register_token_parent("alpha-runner");
+    let view = ctl.tick(&config, 1, at(t0, 4), false).await;
+    assert_eq!(started_for(&view, "alpha/api"), 1, "{:?}", view.dispatches);
+    assert_eq!(twins.our_children("alpha-runner").len(), 1);
+}
+
+#[tokio::test]
+async fn a_parent_fixed_in_place_is_dispatched_to_at_the_next_poll() {
+    let twins = Twins::start().await;
+    let alpha = twins.add_app_repo("alpha/api");
+    // Without `managed_by` among its optional meta: refused, and its reading says why.
+    twins.nomad.register_parent(
+        "alpha-runner",
+        support::twins::TOKEN_PARENT_META_REQUIRED,
+        &["labels"],
+        runner_scaler::sim::twins::nomad::PayloadRule::Forbidden,
+    );
+    let config = config(
+        r#"{ "alpha/api": { "mode": "app", "maxConcurrent": 2, "defaultJob": "alpha-runner" } }"#,
+    );
+    twins.github.add_run(&alpha, vec![vec!["self-hosted"]]);
+    let mut ctl = twins.controller();
+    let t0 = Utc::now();
+    ctl.tick(&config, 1, at(t0, 0), false).await;
+    ctl.tick(&config, 1, at(t0, 1), false).await;
+    assert_eq!(twins.dispatch_requests("alpha-runner"), 1);
+
+    // Fixed with a new `nomad job run` of the same parent.
+    twins.register_token_parent("alpha-runner");
+    let view = ctl.tick(&config, 1, at(t0, 2), false).await;
+    assert_eq!(started_for(&view, "alpha/api"), 1, "{:?}", view.dispatches);
+}

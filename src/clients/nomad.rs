@@ -587,50 +587,6 @@ impl NomadClient {
             )
         })
     }
-
-    /// `config check --live`: the parent job `job` as Nomad has it (`GET /v1/job/<id>`):
-    /// missing, not parameterized, or the meta keys its `ParameterizedJob` requires and
-    /// permits. Only those fields are read: the full job may carry secrets in its meta.
-    /// `namespace` is the repo's `nomadNamespace`, `None` for `--runner-namespace`.
-    pub async fn read_parent(
-        &self,
-        job: &str,
-        namespace: Option<&str>,
-    ) -> Result<crate::check::ParentJob, PortError> {
-        #[derive(Deserialize)]
-        struct ParentWire {
-            #[serde(rename = "Stop", default)]
-            stop: bool,
-            #[serde(rename = "ParameterizedJob", default)]
-            parameterized: Option<ParameterizedWire>,
-        }
-        #[derive(Deserialize)]
-        struct ParameterizedWire {
-            #[serde(rename = "MetaRequired", default)]
-            meta_required: Option<Vec<String>>,
-            #[serde(rename = "MetaOptional", default)]
-            meta_optional: Option<Vec<String>>,
-        }
-        let namespace = namespace.unwrap_or_else(|| self.default_namespace());
-        let doing = format!("read parent job {job} in namespace {namespace}");
-        let request = self.request(reqwest::Method::GET, self.url(&["job", job]), namespace);
-        let response = match self.send(&doing, request).await {
-            Ok(response) => response,
-            Err(e) if e.class == ErrorClass::NotFound => {
-                return Ok(crate::check::ParentJob::Missing);
-            }
-            Err(e) => return Err(e),
-        };
-        let wire: ParentWire = self.json(&doing, response).await?;
-        Ok(match wire.parameterized {
-            None => crate::check::ParentJob::NotParameterized,
-            Some(spec) => crate::check::ParentJob::Parameterized {
-                stopped: wire.stop,
-                meta_required: spec.meta_required.unwrap_or_default().into_iter().collect(),
-                meta_optional: spec.meta_optional.unwrap_or_default().into_iter().collect(),
-            },
-        })
-    }
 }
 
 /// The `namespace` of the listings: every namespace the token may list jobs in.
@@ -653,6 +609,55 @@ struct ParentOfWire {
 
 #[async_trait]
 impl ChildSource for NomadClient {
+    /// The parent job `job` as Nomad has it (`GET /v1/job/<id>`): missing, not
+    /// parameterized, or what its `ParameterizedJob` requires and permits. Only those fields
+    /// are read: the full job may carry secrets in its meta. Asked by `config check --live`,
+    /// and each poll for a parent whose dispatch is held for a configuration error.
+    async fn read_parent(
+        &self,
+        job: &str,
+        namespace: Option<&str>,
+    ) -> Result<crate::observe::ParentJob, PortError> {
+        use crate::observe::ParentJob;
+        #[derive(Deserialize)]
+        struct ParentWire {
+            #[serde(rename = "Stop", default)]
+            stop: bool,
+            #[serde(rename = "JobModifyIndex", default)]
+            modify_index: u64,
+            #[serde(rename = "ParameterizedJob", default)]
+            parameterized: Option<ParameterizedWire>,
+        }
+        #[derive(Deserialize)]
+        struct ParameterizedWire {
+            #[serde(rename = "Payload", default)]
+            payload: Option<String>,
+            #[serde(rename = "MetaRequired", default)]
+            meta_required: Option<Vec<String>>,
+            #[serde(rename = "MetaOptional", default)]
+            meta_optional: Option<Vec<String>>,
+        }
+        let namespace = namespace.unwrap_or_else(|| self.default_namespace());
+        let doing = format!("read parent job {job} in namespace {namespace}");
+        let request = self.request(reqwest::Method::GET, self.url(&["job", job]), namespace);
+        let response = match self.send(&doing, request).await {
+            Ok(response) => response,
+            Err(e) if e.class == ErrorClass::NotFound => return Ok(ParentJob::Missing),
+            Err(e) => return Err(e),
+        };
+        let wire: ParentWire = self.json(&doing, response).await?;
+        Ok(match wire.parameterized {
+            None => ParentJob::NotParameterized,
+            Some(spec) => ParentJob::Parameterized {
+                stopped: wire.stop,
+                payload_required: spec.payload.as_deref() == Some("required"),
+                meta_required: spec.meta_required.unwrap_or_default().into_iter().collect(),
+                meta_optional: spec.meta_optional.unwrap_or_default().into_iter().collect(),
+                modify_index: wire.modify_index,
+            },
+        })
+    }
+
     #[tracing::instrument(skip_all, fields(child = %child))]
     async fn runner_exit_code(&self, child: &ChildId) -> Result<Option<i32>, PortError> {
         let doing = format!("read how the runner of {} ended", shown_child(child));

@@ -10,7 +10,7 @@ use std::fmt;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use crate::config::RepoConfig;
+use crate::config::{Mode, RepoConfig};
 use crate::model::{ChildId, ErrorClass, LabelSet, RepoName, RunnerName};
 
 /// A failure of one port call, classified so the loop can decide what to do about it. The
@@ -208,6 +208,98 @@ pub struct RunnerRegistration {
     pub busy: bool,
 }
 
+/// A parent job as Nomad has it, as far as dispatching to it goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ParentJob {
+    Missing,
+    NotParameterized,
+    Parameterized {
+        stopped: bool,
+        /// `payload = "required"`: every dispatch without one is refused, and the daemon
+        /// sends none.
+        payload_required: bool,
+        meta_required: BTreeSet<String>,
+        meta_optional: BTreeSet<String>,
+        /// Nomad's `JobModifyIndex`: moves whenever the job is registered anew, so a held
+        /// dispatch can tell a parent that was changed from one that was only read again.
+        modify_index: u64,
+    },
+}
+
+/// The dispatch meta keys the daemon sends for a repo in `mode`, as the Nomad client writes
+/// them (`DispatchMetaWire` in `clients/nomad.rs`): `runner_token` goes with every runner
+/// the daemon mints a credential for, which in `vault` mode it never does (the runner job
+/// reads its admin token itself).
+pub fn meta_sent(mode: &Mode) -> BTreeSet<&'static str> {
+    let mut keys: BTreeSet<&'static str> = ["repo_url", "labels", "runner_name", "managed_by"]
+        .into_iter()
+        .collect();
+    if !matches!(mode, Mode::Vault { .. }) {
+        keys.insert("runner_token");
+    }
+    keys
+}
+
+/// What is wrong with dispatching `repo`'s runners to `parent`, one line each.
+pub fn parent_problems(repo: &RepoConfig, parent: &str, job: &ParentJob) -> Vec<String> {
+    let who = format!("{}: parent job {parent}", repo.repo);
+    let (stopped, required, optional) = match job {
+        ParentJob::Missing => {
+            return vec![format!(
+                "{who} does not exist in Nomad (in NOMAD_NAMESPACE): register it, or route the \
+                 repo to a parent that exists"
+            )];
+        }
+        ParentJob::NotParameterized => {
+            return vec![format!(
+                "{who} is not a parameterized job: give it a parameterized block, or it cannot \
+                 be dispatched"
+            )];
+        }
+        ParentJob::Parameterized {
+            stopped,
+            payload_required,
+            meta_required,
+            meta_optional,
+            ..
+        } => (*stopped, (*payload_required, meta_required), meta_optional),
+    };
+    let (payload_required, required) = required;
+    let mut problems = Vec::new();
+    if payload_required {
+        problems.push(format!(
+            "{who} requires a payload, which the daemon never sends: set payload = \"optional\" \
+             or \"forbidden\" in its parameterized block, or Nomad refuses every dispatch"
+        ));
+    }
+    if stopped {
+        problems.push(format!(
+            "{who} is stopped: Nomad refuses to dispatch it; run it again"
+        ));
+    }
+    let sent = meta_sent(&repo.mode);
+    let mode = repo.mode.as_str();
+    for key in &sent {
+        if !required.contains(*key) && !optional.contains(*key) {
+            problems.push(format!(
+                "{who} does not permit meta key {key}, which {mode} mode sends: add it to \
+                 meta_required or meta_optional of its parameterized block, or Nomad refuses \
+                 every dispatch (unpermitted metadata keys)"
+            ));
+        }
+    }
+    for key in required {
+        if !sent.contains(key.as_str()) {
+            problems.push(format!(
+                "{who} requires meta key {key}, which {mode} mode never sends: remove it from \
+                 meta_required (make it optional), or Nomad refuses every dispatch (required \
+                 meta keys missing)"
+            ));
+        }
+    }
+    problems
+}
+
 /// Lists a parent job's children. Implemented by the Nomad client.
 #[async_trait]
 pub trait ChildSource: Send + Sync {
@@ -224,6 +316,21 @@ pub trait ChildSource: Send + Sync {
     /// whose allocation failed.
     async fn runner_exit_code(&self, _child: &ChildId) -> Result<Option<i32>, PortError> {
         Ok(None)
+    }
+
+    /// The parent job `parent` as Nomad has it (in `namespace`, the repo's `nomadNamespace`;
+    /// `None` for the runner namespace): one read, to see whether a dispatch held for a
+    /// configuration error can go again. A source that cannot say answers an error, which
+    /// keeps the hold.
+    async fn read_parent(
+        &self,
+        parent: &str,
+        _namespace: Option<&str>,
+    ) -> Result<ParentJob, PortError> {
+        Err(PortError::new(
+            ErrorClass::Transient,
+            format!("read parent job {parent}: this Nomad source cannot read parent jobs"),
+        ))
     }
 }
 

@@ -50,8 +50,11 @@ struct State {
     /// Services that answer with a transient error until switched back.
     forge_down: bool,
     nomad_down: bool,
-    /// Nomad refuses every dispatch as it refuses one for a stopped parent (HTTP 500).
+    /// Nomad refuses every dispatch as it refuses one for a stopped parent (HTTP 500), and
+    /// every parent reads stopped.
     dispatch_refused: bool,
+    /// Every parent's `JobModifyIndex`: moves whenever the parents change.
+    parents_modify_index: u64,
     /// Every dispatch request, in order: (parent, labels meta, runner name, minted).
     dispatch_log: Vec<(String, String, RunnerName, bool)>,
     mints: u64,
@@ -261,7 +264,9 @@ impl MemoryWorld {
     }
 
     pub fn set_dispatch_refused(&self, refused: bool) {
-        self.state.lock().unwrap().dispatch_refused = refused;
+        let mut s = self.state.lock().unwrap();
+        s.dispatch_refused = refused;
+        s.parents_modify_index += 1;
     }
 
     pub fn set_nomad_down(&self, down: bool) {
@@ -376,6 +381,34 @@ impl ChildSource for MemoryWorld {
             .filter(|c| c.child.ours)
             .map(|c| c.child.parent.clone())
             .collect())
+    }
+
+    /// Every parent exists and takes what any mode sends; stopped while dispatches are refused.
+    async fn read_parent(
+        &self,
+        _parent: &str,
+        _namespace: Option<&str>,
+    ) -> Result<crate::observe::ParentJob, PortError> {
+        let s = self.state.lock().unwrap();
+        if s.nomad_down {
+            return Err(down("read parent job"));
+        }
+        Ok(crate::observe::ParentJob::Parameterized {
+            stopped: s.dispatch_refused,
+            payload_required: false,
+            meta_required: Default::default(),
+            meta_optional: [
+                "repo_url",
+                "labels",
+                "runner_name",
+                "managed_by",
+                "runner_token",
+            ]
+            .into_iter()
+            .map(str::to_string)
+            .collect(),
+            modify_index: s.parents_modify_index,
+        })
     }
 }
 
