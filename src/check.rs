@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::clients::forgejo::Forgejo;
+use crate::clients::forgejo::{EPHEMERAL_RUNNER_MAJOR_MIN, Forgejo};
 use crate::clients::github::GitHub;
 use crate::clients::nomad::NomadClient;
 use crate::clients::vault::{VaultKv, grants_read};
@@ -67,7 +67,9 @@ pub async fn check_live(config: &Config, clients: &LiveClients) -> LiveReport {
             Mode::Vault { vault_path, .. } => {
                 check_readable(repo, vault_path, clients, &mut report).await;
             }
-            Mode::Forgejo { url, vault_path } => {
+            Mode::Forgejo {
+                url, vault_path, ..
+            } => {
                 // The version is read with the repo's API token: without it, or without the
                 // origin it may be sent to, that is the one problem to fix first.
                 if check_readable(repo, vault_path, clients, &mut report).await
@@ -213,21 +215,39 @@ async fn check_forgejo(
     report: &mut LiveReport,
 ) {
     let shown = url.origin().ascii_serialization();
-    match clients.forgejo.registers_ephemeral_runners(repo).await {
-        Ok(true) => report.checked.push(format!(
+    let version = clients.forgejo.instance_version(repo).await;
+    match version.map(|v| (v.major >= EPHEMERAL_RUNNER_MAJOR_MIN, v.raw)) {
+        Ok((true, _)) => report.checked.push(format!(
             "{}: the Forgejo at {shown} is 15 or later: one ephemeral runner per job",
             repo.repo
         )),
-        Ok(false) => {
+        Ok((false, version)) => {
             report.checked.push(format!(
                 "{}: the Forgejo at {shown} has the runner job search",
                 repo.repo
             ));
-            report.notes.push(format!(
-                "{}: the Forgejo at {shown} is older than 15: every runner gets the repo's \
-                 shared registration token, which does not expire",
-                repo.repo
-            ));
+            if matches!(
+                repo.mode,
+                Mode::Forgejo {
+                    allow_shared_token: true,
+                    ..
+                }
+            ) {
+                report.notes.push(format!(
+                    "{}: the Forgejo at {shown} runs {version:?}, older than 15, and allowSharedRegistrationToken \
+                     is set: every runner gets the repo's shared registration token, which does \
+                     not expire, and a job step can copy it or its runner's registration",
+                    repo.repo
+                ));
+            } else {
+                report.problems.push(format!(
+                    "{}: the Forgejo at {shown} runs {version:?}, older than 15, which registers no runner per \
+                     dispatch, so the repo dispatches nothing: upgrade Forgejo to 15, or accept \
+                     a shared registration token a job step can copy with \
+                     \"allowSharedRegistrationToken\": true",
+                    repo.repo
+                ));
+            }
         }
         Err(e) => report.problems.push(about(&repo.repo, &e.message)),
     }

@@ -55,6 +55,7 @@ async fn check_live(twins: &Twins, document: &str) -> Output {
 async fn a_correct_setup_passes_and_says_what_it_checked() {
     let twins = Twins::start().await;
     let document = twins.provision_brief_world();
+    twins.forgejo.set_version("15.0.1+gitea-1.22.0");
     let output = check_live(&twins, &document).await;
     assert_eq!(output.status.code(), Some(0), "{}", shown(&output));
     assert_eq!(text(&output.stderr), "", "{}", shown(&output));
@@ -66,8 +67,9 @@ async fn a_correct_setup_passes_and_says_what_it_checked() {
         "checked: ev-the-dev/moat: vaultPath github/moat-poll is readable",
         "checked: ev-the-dev/moat: registerVaultPath github/moat-runner is not readable",
         "checked: alex/s3-orchestrator: parent job forgejo-build-runner takes the meta forgejo mode sends",
+        "checked: alex/s3-orchestrator: the API token at forgejo/scaler is for http://127.0.0.1:",
         "checked: alex/s3-orchestrator: the Forgejo at",
-        "note: alex/s3-orchestrator: the Forgejo at",
+        "note: alex/s3-orchestrator: the API token at forgejo/scaler travels to http://127.0.0.1:",
     ] {
         assert!(stdout.contains(checked), "no {checked:?} in\n{stdout}");
     }
@@ -336,4 +338,39 @@ async fn a_forgejo_repo_aimed_elsewhere_or_at_an_unbound_token_fails_the_check()
     // Checked on the other side: the check sent that host nothing.
     assert_eq!(elsewhere.connections(), 0);
     assert!(!shown(&output).contains(support::twins::FORGEJO_TOKEN));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forgejo_before_15_fails_the_check_unless_the_repo_opts_in_and_the_cost_is_said() {
+    let twins = Twins::start().await;
+    let document = twins.provision_brief_world();
+    twins.forgejo.set_version("14.0.2+gitea-1.22.0");
+    let output = check_live(&twins, &document).await;
+    assert_eq!(output.status.code(), Some(1), "{}", shown(&output));
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.starts_with("alex/s3-orchestrator: ")
+                && l.contains("14.0.2")
+                && l.contains("allowSharedRegistrationToken")),
+        "{}",
+        shown(&output)
+    );
+
+    let opted_in = document.replace(
+        r#""mode": "forgejo","#,
+        r#""mode": "forgejo", "allowSharedRegistrationToken": true,"#,
+    );
+    let output = check_live(&twins, &opted_in).await;
+    assert_eq!(output.status.code(), Some(0), "{}", shown(&output));
+    let stdout = text(&output.stdout);
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("note: alex/s3-orchestrator: ")
+                && l.contains("shared registration token")
+                && l.contains("a job step can copy")),
+        "{stdout}"
+    );
 }

@@ -90,6 +90,8 @@ fn forgejo_repo(base_url: &str, labels: &[&str]) -> RepoConfig {
         mode: Mode::Forgejo {
             url: format!("{base_url}/").parse().unwrap(),
             vault_path: VAULT_PATH.to_string(),
+            // The twin is a Forgejo 11 unless a test says otherwise.
+            allow_shared_token: true,
         },
         max_concurrent: 2,
         profiles: vec![Profile {
@@ -524,6 +526,7 @@ async fn a_vault_failure_names_the_repo_whose_token_it_is() {
     repo.mode = Mode::Forgejo {
         url: world.forgejo_server.base_url().parse().unwrap(),
         vault_path: "forgejo/elsewhere".to_string(),
+        allow_shared_token: true,
     };
     let err = world.client.list_jobs(&repo).await.unwrap_err();
     assert_eq!(err.class, ErrorClass::Forbidden);
@@ -784,5 +787,55 @@ async fn an_answer_over_the_body_cap_is_refused_not_read() {
         !refused.message.contains("body over"),
         "{}",
         refused.message
+    );
+}
+
+#[tokio::test]
+async fn before_15_no_shared_token_is_asked_for_unless_the_repo_opts_in() {
+    let world = World::new().await;
+    let mut repo = world.repo(&["build"]);
+    repo.mode = Mode::Forgejo {
+        url: world.forgejo_server.base_url().parse().unwrap(),
+        vault_path: VAULT_PATH.to_string(),
+        allow_shared_token: false,
+    };
+    let refused = world
+        .client
+        .mint(&repo, support::TestRunner::any().identity())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.class, ErrorClass::Configuration);
+    assert!(
+        refused.message.contains(REPO) && refused.message.contains("allowSharedRegistrationToken"),
+        "{}",
+        refused.message
+    );
+    assert!(
+        world
+            .forgejo
+            .requests()
+            .iter()
+            .all(|r| !r.path.ends_with("/registration-token")),
+        "{:?}",
+        world.forgejo.requests()
+    );
+    // Nothing weaker is reported for a repo that mints nothing.
+    assert!(world.client.weaker_credential(&repo).is_none());
+
+    // Opted in: the shared token, said to be weaker.
+    let minted = world
+        .client
+        .mint(
+            &world.repo(&["build"]),
+            support::TestRunner::any().identity(),
+        )
+        .await
+        .unwrap();
+    assert!(minted.is_some());
+    assert!(
+        world
+            .client
+            .weaker_credential(&world.repo(&["build"]))
+            .is_some()
     );
 }

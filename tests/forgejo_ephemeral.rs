@@ -116,9 +116,53 @@ async fn the_runner_a_dispatch_registered_is_deleted_once_its_child_is_purged_no
 }
 
 #[tokio::test]
-async fn before_forgejo_15_every_runner_gets_the_shared_registration_token() {
+async fn before_forgejo_15_a_repo_that_does_not_opt_in_dispatches_nothing_and_says_why() {
     let twins = Twins::start().await;
     let (config, _) = forgejo_world(&twins, "11.0.3+gitea-1.22.0");
+    let mut ctl = twins.controller();
+
+    let t0 = Utc::now();
+    let view = ctl.tick(&config, 1, at(t0, 0), false).await;
+    assert_eq!(view.started, 0, "{:?}", view.dispatches);
+    let refused = &view.dispatches[0];
+    assert_eq!(refused.outcome, "mint_failed");
+    let error = refused.error.as_deref().unwrap_or_default();
+    assert!(
+        error.contains("allowSharedRegistrationToken") && error.contains("11.0.3"),
+        "{error}"
+    );
+    // Held afterwards, and `status` says why.
+    for n in 1..3 {
+        let view = ctl.tick(&config, 1, at(t0, n), false).await;
+        assert!(view.dispatches.is_empty(), "{:?}", view.dispatches);
+        let text = view.render_text();
+        assert!(
+            text.contains("allowSharedRegistrationToken") && text.contains(REPO),
+            "{text}"
+        );
+    }
+    assert!(twins.our_children(PARENT).is_empty());
+    assert!(
+        twins
+            .forgejo
+            .requests()
+            .iter()
+            .all(|r| !r.path.ends_with("/registration-token")),
+        "the shared token was asked for without the opt-in"
+    );
+}
+
+#[tokio::test]
+async fn before_forgejo_15_a_repo_that_opts_in_gets_the_shared_registration_token() {
+    let twins = Twins::start().await;
+    let document = twins.provision_brief_world().replace(
+        r#""mode": "forgejo","#,
+        r#""mode": "forgejo", "allowSharedRegistrationToken": true,"#,
+    );
+    assert!(document.contains("allowSharedRegistrationToken"));
+    twins.forgejo.set_version("11.0.3+gitea-1.22.0");
+    twins.forgejo.add_job(REPO, "build", &["build"]);
+    let config = config(&document);
     let mut ctl = twins.controller();
 
     let view = ctl.tick(&config, 1, Utc::now(), false).await;

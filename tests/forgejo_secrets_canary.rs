@@ -101,6 +101,7 @@ async fn no_secret_reaches_the_logs_or_an_error_at_trace_level() {
         mode: Mode::Forgejo {
             url: forgejo_server.base_url().parse().unwrap(),
             vault_path: "forgejo/scaler".to_string(),
+            allow_shared_token: true,
         },
         max_concurrent: 1,
         profiles: Vec::new(),
@@ -146,6 +147,7 @@ async fn no_secret_reaches_the_logs_or_an_error_at_trace_level() {
     repo15.mode = Mode::Forgejo {
         url: forgejo15_server.base_url().parse().unwrap(),
         vault_path: "forgejo/scaler15".to_string(),
+        allow_shared_token: false,
     };
     let ephemeral = client
         .mint(&repo15, support::TestRunner::any().identity())

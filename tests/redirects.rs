@@ -175,6 +175,7 @@ async fn forgejo_does_not_follow_a_redirect() {
         mode: Mode::Forgejo {
             url: world.service.base_url().parse().unwrap(),
             vault_path: "forgejo/scaler".into(),
+            allow_shared_token: false,
         },
         max_concurrent: 1,
         profiles: vec![],

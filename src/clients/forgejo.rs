@@ -45,6 +45,9 @@ pub const RESPONSE_BODY_MAX_BYTES: usize = 8 * 1024 * 1024;
 /// up within minutes even when the old one keeps working; a 401 drops it at once.
 pub const API_TOKEN_CACHE_TTL: Duration = Duration::from_secs(5 * 60);
 
+/// How long an instance's version is believed before it is read again.
+pub const VERSION_CACHE_TTL: Duration = Duration::from_secs(10 * 60);
+
 /// The first Forgejo major version with the runner-job search
 /// (`GET /repos/{owner}/{repo}/actions/runners/jobs`, Forgejo PR #6300, v11.0.0).
 pub const JOB_SEARCH_MAJOR_MIN: u64 = 11;
@@ -90,9 +93,11 @@ pub struct Forgejo {
     secrets: Arc<dyn SecretSource>,
     /// API tokens by Vault path.
     tokens: Mutex<HashMap<String, CachedToken>>,
-    /// Versions of the instances that passed the version gate, by API base URL. Only passing
-    /// versions are kept, so an instance upgraded past the gate is noticed at the next try.
-    versions: Mutex<HashMap<String, ForgejoVersion>>,
+    /// Versions of the instances that passed the version gate, by API base URL, and when each
+    /// was read. Only passing versions are kept, and only for [`VERSION_CACHE_TTL`], so an
+    /// instance upgraded past a gate (the job search, or 15's per-runner registration) is
+    /// noticed without a restart.
+    versions: Mutex<HashMap<String, (ForgejoVersion, Instant)>>,
     token_ttl: Duration,
 }
 
@@ -104,6 +109,8 @@ struct Call<'a> {
     /// The origin of the document's `forgejoUrl`, or why it has none.
     origin: Result<Origin, String>,
     vault_path: &'a str,
+    /// `allowSharedRegistrationToken`.
+    allow_shared_token: bool,
 }
 
 impl Call<'_> {
@@ -169,18 +176,23 @@ impl Forgejo {
         self.tokens.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn versions(&self) -> MutexGuard<'_, HashMap<String, ForgejoVersion>> {
+    fn versions(&self) -> MutexGuard<'_, HashMap<String, (ForgejoVersion, Instant)>> {
         self.versions.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn call<'a>(&self, repo: &'a RepoConfig) -> Result<Call<'a>, PortError> {
         match &repo.mode {
-            Mode::Forgejo { url, vault_path } => Ok(Call {
+            Mode::Forgejo {
+                url,
+                vault_path,
+                allow_shared_token,
+            } => Ok(Call {
                 repo,
                 base: url.as_str().trim_end_matches('/').to_string(),
                 shown_base: shown_url(url),
                 origin: Origin::of(url),
                 vault_path,
+                allow_shared_token: *allow_shared_token,
             }),
             other => Err(PortError::new(
                 ErrorClass::Configuration,
@@ -361,7 +373,9 @@ impl Forgejo {
 
     /// Checks once per instance that it has the runner-job search, and answers its version.
     async fn ensure_version(&self, call: &Call<'_>) -> Result<ForgejoVersion, PortError> {
-        if let Some(version) = self.versions().get(&call.base) {
+        if let Some((version, read_at)) = self.versions().get(&call.base)
+            && read_at.elapsed() < VERSION_CACHE_TTL
+        {
             return Ok(version.clone());
         }
         let doing = call.doing("read the Forgejo version");
@@ -383,7 +397,8 @@ impl Forgejo {
                 ),
             ));
         }
-        self.versions().insert(call.base.clone(), version.clone());
+        self.versions()
+            .insert(call.base.clone(), (version.clone(), Instant::now()));
         Ok(version)
     }
 
@@ -391,8 +406,13 @@ impl Forgejo {
     /// reading its version if this client has not yet. `config check` and `status` say when
     /// it does not.
     pub async fn registers_ephemeral_runners(&self, repo: &RepoConfig) -> Result<bool, PortError> {
+        Ok(self.instance_version(repo).await?.major >= EPHEMERAL_RUNNER_MAJOR_MIN)
+    }
+
+    /// The version of `repo`'s instance, once it passed the job-search gate.
+    pub async fn instance_version(&self, repo: &RepoConfig) -> Result<ForgejoVersion, PortError> {
         let call = self.call(repo)?;
-        Ok(self.ensure_version(&call).await?.major >= EPHEMERAL_RUNNER_MAJOR_MIN)
+        self.ensure_version(&call).await
     }
 
     /// Forgejo 15: registers one ephemeral runner for `runner` and answers its id, uuid and
@@ -511,8 +531,25 @@ impl Registrar for Forgejo {
         runner: RunnerIdentity<'_>,
     ) -> Result<Option<Credential>, PortError> {
         let call = self.call(repo)?;
-        if self.ensure_version(&call).await?.major >= EPHEMERAL_RUNNER_MAJOR_MIN {
+        let version = self.ensure_version(&call).await?;
+        if version.major >= EPHEMERAL_RUNNER_MAJOR_MIN {
             return self.register_ephemeral(&call, runner).await.map(Some);
+        }
+        if !call.allow_shared_token {
+            // The shared token registers a runner whose registration (its `.runner` file) a
+            // job step can read during its own job and reuse to receive the repo's later jobs
+            // and their secrets; before 15 there is no API to remove it afterwards.
+            return Err(PortError::new(
+                ErrorClass::Configuration,
+                format!(
+                    "{}: the Forgejo at {} runs {:?}, which registers no runner per dispatch: its \
+                     runners would share the repo's registration token, which a job step can copy \
+                     and keep serving the repo's jobs and their secrets; upgrade Forgejo to \
+                     {EPHEMERAL_RUNNER_MAJOR_MIN}, or accept that with \
+                     \"allowSharedRegistrationToken\": true",
+                    repo.repo, call.shown_base, version.raw
+                ),
+            ));
         }
         let doing = call.doing("get a runner registration token");
         let path = format!(
@@ -543,10 +580,10 @@ impl Registrar for Forgejo {
     /// Known once the instance's version was read (the first tick).
     fn weaker_credential(&self, repo: &RepoConfig) -> Option<String> {
         let call = self.call(repo).ok()?;
-        let version = self.versions().get(&call.base).cloned()?;
-        (version.major < EPHEMERAL_RUNNER_MAJOR_MIN).then(|| {
+        let (version, _) = self.versions().get(&call.base).cloned()?;
+        (version.major < EPHEMERAL_RUNNER_MAJOR_MIN && call.allow_shared_token).then(|| {
             format!(
-                "{}: the Forgejo at {} runs {:?}, which registers no runner per dispatch: every runner gets the repo's shared registration token, which does not expire and registers any number of runners (Forgejo {EPHEMERAL_RUNNER_MAJOR_MIN} and later register one ephemeral runner each)",
+                "{}: the Forgejo at {} runs {:?}, which registers no runner per dispatch, and allowSharedRegistrationToken is set: every runner gets the repo's shared registration token, which does not expire and registers any number of runners, and a job step can copy it or its runner's registration to serve the repo's later jobs and their secrets (Forgejo {EPHEMERAL_RUNNER_MAJOR_MIN} and later register one ephemeral runner each)",
                 repo.repo, call.shown_base, version.raw
             )
         })

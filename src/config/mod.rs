@@ -52,7 +52,15 @@ pub enum Mode {
         register_vault_path: String,
     },
     /// A Forgejo repo: an API token is read from Vault at `vault_path`.
-    Forgejo { url: Url, vault_path: String },
+    Forgejo {
+        url: Url,
+        vault_path: String,
+        /// `allowSharedRegistrationToken`: on a Forgejo before 15, which registers no runner
+        /// per dispatch, runners are dispatched with the repo's shared registration token
+        /// anyway. Off, such a repo dispatches nothing: a job step can copy that registration
+        /// and serve the repo's later jobs, and their secrets, until an admin removes it.
+        allow_shared_token: bool,
+    },
 }
 
 impl Mode {
@@ -138,8 +146,24 @@ pub fn credential_notes(config: &Config) -> Vec<String> {
         .repos
         .values()
         .filter_map(|repo| match (&repo.mode, &repo.credential) {
-            (Mode::Forgejo { .. }, _) => Some(format!(
-                "{} (forgejo): on Forgejo 15 and later each runner is registered on its own, ephemeral, for one job; before 15 every runner gets the repo's shared registration token, which does not expire and registers any number of runners: weaker (`runner-scaler status` says which this instance does)",
+            (
+                Mode::Forgejo {
+                    allow_shared_token: false,
+                    ..
+                },
+                _,
+            ) => Some(format!(
+                "{} (forgejo): on Forgejo 15 and later each runner is registered on its own, ephemeral, for one job; before 15 the repo dispatches nothing unless it sets \"allowSharedRegistrationToken\": true (`runner-scaler status` says which this instance does)",
+                repo.repo
+            )),
+            (
+                Mode::Forgejo {
+                    allow_shared_token: true,
+                    ..
+                },
+                _,
+            ) => Some(format!(
+                "{} (forgejo): allowSharedRegistrationToken: on a Forgejo before 15 every runner gets the repo's shared registration token, which does not expire and registers any number of runners; a job step can read it, or the registration it made (the runner's .runner file), and keep serving the repo's later jobs and their secrets until an admin removes that runner or resets the token. On Forgejo 15 and later the field changes nothing",
                 repo.repo
             )),
             (Mode::App, CredentialKind::Registration) => Some(format!(

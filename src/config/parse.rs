@@ -155,6 +155,7 @@ const REPO_FIELDS: &[&str] = &[
     "credential",
     "runnerGroupId",
     "nomadNamespace",
+    "allowSharedRegistrationToken",
 ];
 const PROFILE_FIELDS: &[&str] = &["job", "label", "maxConcurrent", "hardBoundMinutes"];
 
@@ -307,6 +308,9 @@ fn check_repo(
     let runner_group_id = found
         .get("runnerGroupId")
         .and_then(|v| runner_group_id(report, v));
+    let allow_shared_token = found
+        .get("allowSharedRegistrationToken")
+        .and_then(|v| boolean(report, "allowSharedRegistrationToken", v));
     let nomad_namespace = found
         .get("nomadNamespace")
         .and_then(|v| string(report, "nomadNamespace", v))
@@ -340,6 +344,12 @@ fn check_repo(
         }
         if mode != ModeName::Forgejo && given("forgejoUrl") {
             report.field("forgejoUrl", "only used in \"forgejo\" mode");
+        }
+        if mode != ModeName::Forgejo && given("allowSharedRegistrationToken") {
+            report.field(
+                "allowSharedRegistrationToken",
+                "only used in \"forgejo\" mode (Forgejo before 15 has no per-runner registration)",
+            );
         }
         if mode == ModeName::App && given("vaultPath") {
             report.field(
@@ -438,6 +448,7 @@ fn check_repo(
         ModeName::Forgejo => Mode::Forgejo {
             url: forgejo_url?,
             vault_path: vault_path?,
+            allow_shared_token: allow_shared_token.unwrap_or(false),
         },
     };
     let default_job = default_job.or_else(|| match mode {
@@ -603,6 +614,19 @@ fn string<'j>(report: &mut Report<'_>, field: &str, value: &'j Json) -> Option<&
         Json::String(s) => Some(s),
         other => {
             report.field(field, format!("expected a string, found {}", other.kind()));
+            None
+        }
+    }
+}
+
+fn boolean(report: &mut Report<'_>, field: &str, value: &Json) -> Option<bool> {
+    match value {
+        Json::Bool(b) => Some(*b),
+        other => {
+            report.field(
+                field,
+                format!("expected true or false, found {}", other.kind()),
+            );
             None
         }
     }
@@ -932,6 +956,30 @@ mod tests {
     }
 
     #[test]
+    fn a_forgejo_repo_shares_a_registration_token_only_when_it_says_so() {
+        let doc = |extra: &str| {
+            format!(
+                r#"{{"alex/s3": {{"mode": "forgejo", "forgejoUrl": "https://f.example",
+                     "vaultPath": "f", "labels": ["build"]{extra}}}}}"#
+            )
+        };
+        for (extra, allowed) in [
+            ("", false),
+            (r#", "allowSharedRegistrationToken": false"#, false),
+            (r#", "allowSharedRegistrationToken": true"#, true),
+        ] {
+            let config = parse(&doc(extra)).unwrap();
+            assert!(
+                matches!(
+                    config.repos[&repo("alex/s3")].mode,
+                    Mode::Forgejo { allow_shared_token, .. } if allow_shared_token == allowed
+                ),
+                "{extra}"
+            );
+        }
+    }
+
+    #[test]
     fn the_brief_document_resolves_every_value() {
         let config = parse(BRIEF_DOCUMENT).unwrap();
         let expected = Config {
@@ -957,6 +1005,7 @@ mod tests {
                         mode: Mode::Forgejo {
                             url: Url::parse("http://forgejo.service.consul:30028").unwrap(),
                             vault_path: "forgejo/scaler".into(),
+                            allow_shared_token: false,
                         },
                         max_concurrent: 1,
                         profiles: vec![profile("forgejo-build-runner", "build", Some(1))],
@@ -1070,8 +1119,10 @@ mod tests {
               { "label": "$(id)" }
             ]
           },
-          "acme/web": { "mode": "forgejo", "vaultPath": "forgejo/*", "labels": "linux" },
-          "acme/app": { "mode": "app", "registerVaultPath": "gh/admin", "forgejoUrl": "ftp://x" },
+          "acme/web": { "mode": "forgejo", "vaultPath": "forgejo/*", "labels": "linux",
+                        "allowSharedRegistrationToken": "yes" },
+          "acme/app": { "mode": "app", "registerVaultPath": "gh/admin", "forgejoUrl": "ftp://x",
+                        "allowSharedRegistrationToken": true },
           "not a repo": { "mode": "app" },
           "acme/cli": { "mode": "github" },
           "acme/lib": 7
@@ -1091,6 +1142,8 @@ mod tests {
             "acme/app: forgejoUrl: must be an http:// or https:// URL",
             "acme/app: forgejoUrl: only used in \"forgejo\" mode",
             "acme/app: registerVaultPath: only used in \"vault\" mode",
+            "acme/web: allowSharedRegistrationToken: expected true or false, found a string",
+            "acme/app: allowSharedRegistrationToken: only used in \"forgejo\" mode",
             "not a repo: not a valid repo name",
             "acme/cli: mode: \"github\" is not a mode",
             "acme/lib: must be an object",
@@ -1173,7 +1226,7 @@ mod tests {
             errors,
             vec![
                 "acme/api: mode: duplicate key",
-                "acme/api: extra: unknown field; known fields: mode, maxConcurrent, profiles, vaultPath, registerVaultPath, forgejoUrl, defaultJob, labels, credential, runnerGroupId, nomadNamespace",
+                "acme/api: extra: unknown field; known fields: mode, maxConcurrent, profiles, vaultPath, registerVaultPath, forgejoUrl, defaultJob, labels, credential, runnerGroupId, nomadNamespace, allowSharedRegistrationToken",
                 "acme/api: extra.k: duplicate key",
                 "acme/api: profiles[0].job: duplicate key",
                 "acme/api: duplicate repo key",

@@ -84,6 +84,7 @@ fn repo_config(i: usize) -> impl Strategy<Value = RepoConfig> {
                     Mode::Forgejo {
                         url: url::Url::parse("http://forgejo:3000").unwrap(),
                         vault_path: "forgejo/scaler".into(),
+                        allow_shared_token: false,
                     }
                 } else {
                     Mode::App

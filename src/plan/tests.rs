@@ -653,6 +653,7 @@ fn forgejo_claimed_jobs_count_only_up_to_the_buckets_children() {
     r.mode = Mode::Forgejo {
         url: url::Url::parse("http://forgejo:3000").unwrap(),
         vault_path: "forgejo/scaler".into(),
+        allow_shared_token: false,
     };
     let mut w = World::new(vec![r]);
     let build = &["build"];
@@ -900,6 +901,7 @@ fn a_forgejo_claim_no_child_of_its_bucket_explains_withholds_a_wider_runner() {
     r.mode = Mode::Forgejo {
         url: url::Url::parse("http://forgejo:3000").unwrap(),
         vault_path: "forgejo/scaler".into(),
+        allow_shared_token: false,
     };
     let build: &[&str] = &["build"];
     let docker: &[&str] = &["build", "docker"];
