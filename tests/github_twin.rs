@@ -201,7 +201,10 @@ async fn twin_responses_have_the_fixture_shapes() {
         "access token",
     );
     let token = body["token"].as_str().unwrap().to_string();
-    assert!(token.starts_with("ghs_"));
+    // GitHub's stateless format since 2026-04: `ghs_<APPID>_<JWT>`, about 520 characters.
+    assert!(token.starts_with(&format!("ghs_{TEST_APP_ID}_")), "{token}");
+    assert!((480..=600).contains(&token.len()), "{}", token.len());
+    assert_eq!(token.matches('.').count(), 2, "{token}");
 
     let (status, _, body) = raw
         .call(

@@ -382,3 +382,24 @@ async fn a_parent_fixed_in_place_is_dispatched_to_at_the_next_poll() {
     let view = ctl.tick(&config, 1, at(t0, 2), false).await;
     assert_eq!(started_for(&view, "alpha/api"), 1, "{:?}", view.dispatches);
 }
+
+#[tokio::test]
+async fn a_wrapped_credential_lives_no_longer_than_placement_and_boot_need() {
+    for (placement_timeout_s, expected_ttl_s) in [(50 * 60, 3600), (10 * 60, 20 * 60)] {
+        let twins = Twins::start().await;
+        twins.provision_one_queued_job("acme/api", "ci-runner");
+        let config = config(r#"{ "acme/api": { "mode": "app", "maxConcurrent": 2 } }"#);
+        let mut ctl = twins.controller();
+        ctl.settings.plan.reap.placement_timeout =
+            std::time::Duration::from_secs(placement_timeout_s);
+        let view = ctl.tick(&config, 1, Utc::now(), false).await;
+        assert_eq!(view.started, 1, "{:?}", view.dispatches);
+        let child = twins.our_children("ci-runner").remove(0);
+        let token = &child.meta["runner_token"];
+        assert_eq!(
+            twins.vault.wrap_ttl_s(token),
+            Some(expected_ttl_s),
+            "placement timeout {placement_timeout_s} s"
+        );
+    }
+}

@@ -22,11 +22,6 @@ pub const DISPATCH_ATTEMPTS_MAX: u32 = 3;
 /// Pause before the second attempt; doubled for each further one.
 pub const DISPATCH_RETRY_DELAY: Duration = Duration::from_millis(250);
 
-/// How long a wrapped credential can be unwrapped: the life of a GitHub registration token.
-/// A child not placed within the placement timeout (50 minutes by default) is replaced with
-/// a fresh credential anyway.
-pub const WRAP_TTL: Duration = Duration::from_secs(3600);
-
 /// What happened to one planned dispatch.
 #[derive(Debug)]
 pub enum DispatchOutcome {
@@ -230,7 +225,10 @@ pub async fn carry_out(
             (None, _) => None,
             (Some(credential), None) => Some(credential.plain()),
             (Some(credential), Some(wrapper)) => {
-                match wrapper.wrap(&credential.wrapped_fields(), WRAP_TTL).await {
+                match wrapper
+                    .wrap(&credential.wrapped_fields(), plan.credential_ttl)
+                    .await
+                {
                     Ok(token) => Some(token),
                     Err(error) => {
                         failed_repos.insert(bucket.repo.clone());

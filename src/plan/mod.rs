@@ -247,6 +247,24 @@ pub struct Plan {
     pub queued_total: u32,
     /// Our in-flight children across all parents listed this tick.
     pub in_flight_total: u32,
+    /// How long a credential wrapped for this tick's dispatches may be unwrapped
+    /// ([`credential_ttl`]).
+    pub credential_ttl: std::time::Duration,
+}
+
+/// Time a placed runner gets to boot (image pulled, container started) and unwrap its
+/// credential.
+pub const CREDENTIAL_BOOT_MARGIN: std::time::Duration = std::time::Duration::from_secs(10 * 60);
+
+/// The longest a wrapped credential lives: a GitHub registration token's hour.
+pub const CREDENTIAL_TTL_MAX: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// How long a wrapped credential may wait in Nomad's dispatch meta: a child unplaced past the
+/// placement timeout is stopped and replaced with a fresh credential, so its own need outlive
+/// that only by the time a runner placed at the last moment takes to boot; any longer, and a
+/// wrapping token read from Nomad's state stays good for nothing but an attacker.
+pub fn credential_ttl(placement_timeout: std::time::Duration) -> std::time::Duration {
+    (placement_timeout + CREDENTIAL_BOOT_MARGIN).min(CREDENTIAL_TTL_MAX)
 }
 
 /// Computes the plan. Pure: the same input always gives the same plan.
@@ -258,7 +276,10 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         holds,
         now,
     } = input;
-    let mut out = Plan::default();
+    let mut out = Plan {
+        credential_ttl: credential_ttl(settings.reap.placement_timeout),
+        ..Plan::default()
+    };
     let mut repos = Repos::new(config);
     let mut label_sets = LabelSets::new();
     let mut buckets = Buckets::default();

@@ -47,7 +47,10 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         holds,
         now,
     } = input;
-    let mut out = Plan::default();
+    let mut out = Plan {
+        credential_ttl: super::credential_ttl(settings.reap.placement_timeout),
+        ..Plan::default()
+    };
 
     // Supply, counted from Nomad's own listing.
     let mut in_flight = InFlight::default();

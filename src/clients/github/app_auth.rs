@@ -96,6 +96,9 @@ struct Claims {
     iss: serde_json::Value,
     iat: i64,
     exp: i64,
+    /// A random id per JWT (RFC 7519 §4.1.7): two signed in the same second differ, so a
+    /// server or proxy that refuses a replayed JWT can tell them apart.
+    jti: String,
 }
 
 impl AppSigner {
@@ -150,6 +153,7 @@ impl AppSigner {
             iss,
             iat: (now - JWT_BACKDATE).timestamp(),
             exp: (now + JWT_LIFETIME).timestamp(),
+            jti: format!("{:032x}", rand::random::<u128>()),
         };
         jsonwebtoken::encode(&Header::new(Algorithm::RS256), &claims, &self.key)
             .map(SecretString::from)
@@ -274,6 +278,21 @@ mod tests {
         assert_eq!(claims["iat"], serde_json::json!(1_700_000_000 - 60));
         let exp = claims["exp"].as_i64().unwrap();
         assert!(exp > 1_700_000_000 && exp - 1_700_000_000 <= 600, "{exp}");
+    }
+
+    #[test]
+    fn every_jwt_signed_carries_its_own_jti() {
+        let now = DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+        let ids: std::collections::BTreeSet<String> = (0..5)
+            .map(|_| {
+                // A new signer each time: the same second, nothing reused.
+                let signer = AppSigner::new("12345", &SecretString::from(PRIVATE_KEY)).unwrap();
+                let jti = decode(&signer.jwt(now).unwrap())["jti"].clone();
+                jti.as_str().expect("a jti string").to_string()
+            })
+            .collect();
+        assert_eq!(ids.len(), 5, "{ids:?}");
+        assert!(ids.iter().all(|id| id.len() == 32), "{ids:?}");
     }
 
     #[test]

@@ -738,7 +738,11 @@ impl GitHubHttp {
             Route::AccessToken(installation) => {
                 let (repos, permissions) = token_request.expect("set for this route");
                 state.tokens_issued += 1;
-                let token = format!("ghs_simulated{:08}{installation}", state.tokens_issued);
+                let token = crate::sim::twins::github::stateless_installation_token(
+                    TEST_APP_ID,
+                    *installation,
+                    &state.tokens_issued.to_string(),
+                );
                 let expires_s = t + TOKEN_LIFETIME_S;
                 let listed: Vec<(RepoName, u64)> = repos
                     .iter()

@@ -385,6 +385,37 @@ fn time(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
+/// An installation token as GitHub has minted them since 2026-04 (`ghs_<APPID>_<JWT>`, about
+/// 520 characters, length varying with what the JWT holds): the client must carry it whole,
+/// with its dots and underscores, wherever a 40-character `ghs_` token went before. `nonce`
+/// makes it unique; the same inputs give the same token (the seeded world replays by seed).
+pub fn stateless_installation_token(app_id: &str, installation: u64, nonce: &str) -> String {
+    use base64::Engine;
+    use sha2::Digest;
+    let encode = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+    let header = encode(br#"{"alg":"RS256","typ":"JWT","kid":"twin-s2s-1"}"#);
+    let claims = encode(
+        json!({
+            "iss": "https://api.github.com/twin-s2s-issuer",
+            "aid": app_id,
+            "iid": installation,
+            "nonce": nonce,
+            "scp": "installation",
+        })
+        .to_string()
+        .as_bytes(),
+    );
+    // An RS256 signature is 256 bytes: stand one in, derived from the rest.
+    let mut signature = Vec::with_capacity(256);
+    let mut block = sha2::Sha256::digest(format!("{header}.{claims}").as_bytes()).to_vec();
+    while signature.len() < 256 {
+        signature.extend_from_slice(&block);
+        block = sha2::Sha256::digest(&block).to_vec();
+    }
+    signature.truncate(256);
+    format!("ghs_{app_id}_{header}.{claims}.{}", encode(&signature))
+}
+
 fn random_string(len: usize, alphabet: &[u8]) -> String {
     let mut rng = rand::rng();
     (0..len)
@@ -1744,12 +1775,13 @@ impl Twin {
                 granted
             }
         };
-        let token = format!(
-            "ghs_{}",
-            random_string(
-                36,
-                b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
-            )
+        let token = stateless_installation_token(
+            &self.app_id,
+            id,
+            &random_string(
+                16,
+                b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789",
+            ),
         );
         let expires_at = self.now() + TOKEN_LIFETIME;
         let listed: Vec<RepoName> = match &repos {

@@ -89,6 +89,8 @@ struct VaultState {
 struct Wrapped {
     data: Map<String, Value>,
     expires_at: DateTime<Utc>,
+    /// The TTL it was wrapped for (`X-Vault-Wrap-TTL`), in seconds.
+    ttl_s: u64,
 }
 
 /// Vault's answer to a wrapping token used twice, or expired.
@@ -206,6 +208,11 @@ impl VaultTwin {
     /// Every wrapping token the twin issued, unwrapped or not.
     pub fn wrapping_tokens(&self) -> Vec<String> {
         self.lock().wrapping_tokens.clone()
+    }
+
+    /// The TTL, in seconds, `token` was wrapped for, while it can still be unwrapped.
+    pub fn wrap_ttl_s(&self, token: &str) -> Option<u64> {
+        self.lock().wrapped.get(token).map(|w| w.ttl_s)
     }
 
     pub fn requests_for(&self, api_path: &str) -> Vec<VaultRequest> {
@@ -482,6 +489,7 @@ async fn wrap(
                     Wrapped {
                         data,
                         expires_at: now + chrono::Duration::seconds(ttl as i64),
+                        ttl_s: ttl,
                     },
                 );
                 state.wrapping_tokens.push(token.clone());
