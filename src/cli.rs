@@ -314,6 +314,16 @@ pub struct DaemonArgs {
     /// its one-hour registration token expires.
     #[arg(long, env = "RUNNER_SCALER_PLACEMENT_TIMEOUT", default_value = "50m", value_parser = humantime::parse_duration, hide_env_values = true)]
     pub placement_timeout: Duration,
+    /// Stop unplaced surplus children of `vault` mode repos and purge their dead ones. Only
+    /// where Nomad (>= 1.11.2) grants that without `submit-job`: the runner namespaces of
+    /// vault mode need `purge-job` (Terraform's nomad_vault_children_cleanup). Off, they are
+    /// left to Nomad's garbage collection and to their runners' idle timeout.
+    #[arg(
+        long,
+        env = "RUNNER_SCALER_VAULT_CHILDREN_CLEANUP",
+        hide_env_values = true
+    )]
+    pub vault_children_cleanup: bool,
     /// Where `run` serves /metrics, /livez and /healthz: an IP address and port, or `off`.
     #[arg(
         long,

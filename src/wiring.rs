@@ -272,6 +272,7 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
             list_concurrency_max: usize::from(args.max_concurrent_polls),
             plan: PlanSettings {
                 max_in_flight: args.max_in_flight,
+                vault_children_cleanup: args.vault_children_cleanup,
                 reap: ReapPolicy {
                     orphan_grace: args.orphan_grace,
                     idle_confirm: args.idle_confirm,

@@ -1,12 +1,23 @@
-//! The children the daemon never stops or purges: those of `vault` mode repos.
+//! The children the daemon never stops or purges: those of `vault` mode repos, unless Nomad
+//! can grant it that without `submit-job`.
 //!
 //! A `vault` mode parent's prestart task holds a Vault role that reads an admin token, so its
-//! namespace (`ci-runners-vault` in the shipped setup) grants the daemon only list, read and
-//! dispatch: never `submit-job`, which Nomad requires to stop or purge a job, because with it
-//! the daemon could register its own task under that role and read the token. Its dead
-//! children are left to Nomad's batch garbage collection (`job_gc_threshold`); there is
-//! nothing usable in them, the credential each minted was single use. A running one is not
-//! stopped either: its runner ends by itself (one job, or the idle timeout).
+//! namespace (`ci-runners-vault` in the shipped setup) must never grant the daemon
+//! `submit-job`: with it the daemon could register its own task under that role and read the
+//! token. Before Nomad 1.11.2, stopping or purging a job needed `submit-job`, so such children
+//! are left alone: dead ones to Nomad's batch garbage collection (`job_gc_threshold`; nothing
+//! usable is in them, the credential each minted was single use), running ones to their runner,
+//! which ends by itself (one job, or the idle timeout).
+//!
+//! Nomad 1.11.2 split `submit-job` (hashicorp/nomad#27287): `deregister-job` stops a job and
+//! `purge-job` also purges it, neither registers one. With `--vault-children-cleanup` (which
+//! the operator sets together with Terraform's `nomad_vault_children_cleanup`, granting
+//! `purge-job` in those namespaces) nothing is covered here: dead children are purged, and
+//! unplaced surplus ones stopped, like any other. A runner whose allocation runs is still never
+//! stopped in `vault` mode: the daemon has no signal of whether it runs a job
+//! (`plan::reap::decide`). The daemon does not guess the capability from Nomad's version: a
+//! cluster on 1.11.2 may still run the old policy, and a refused purge would then be a
+//! configuration error every tick.
 
 use std::collections::BTreeSet;
 
@@ -20,11 +31,14 @@ pub struct HandsOff<'a> {
     /// purged, so a child of a repo that left the document stays untouched while another
     /// `vault` repo still names its namespace.
     vault_namespaces: BTreeSet<&'a str>,
+    /// `--vault-children-cleanup`: nothing is left alone.
+    cleanup_allowed: bool,
 }
 
 impl<'a> HandsOff<'a> {
-    pub fn new(config: &'a Config) -> HandsOff<'a> {
+    pub fn new(config: &'a Config, cleanup_allowed: bool) -> HandsOff<'a> {
         HandsOff {
+            cleanup_allowed,
             vault_namespaces: config
                 .repos
                 .values()
@@ -37,7 +51,8 @@ impl<'a> HandsOff<'a> {
     /// True when `child`, of `repo` (the document's repo its meta names, if any), must never
     /// be stopped or purged by the daemon.
     pub fn covers(&self, repo: Option<&RepoConfig>, child: &ChildId) -> bool {
-        repo.is_some_and(is_vault) || self.vault_namespaces.contains(child.namespace())
+        !self.cleanup_allowed
+            && (repo.is_some_and(is_vault) || self.vault_namespaces.contains(child.namespace()))
     }
 }
 
@@ -92,6 +107,19 @@ mod tests {
 
     /// Whether the plan tears the child down: purges it, or nominates it for a stop.
     fn torn_down(repos: Vec<RepoConfig>, child_repo: &str, namespace: &str, state: State) -> bool {
+        let (purged, nominated) = planned(repos, child_repo, namespace, state, false);
+        purged || nominated.is_some()
+    }
+
+    /// Whether the plan purges the child, and the decision on its nomination, if nominated
+    /// (`decide` with nothing asked, as for a mode without a runner API).
+    fn planned(
+        repos: Vec<RepoConfig>,
+        child_repo: &str,
+        namespace: &str,
+        state: State,
+        vault_children_cleanup: bool,
+    ) -> (bool, Option<crate::plan::reap::Decision>) {
         let now = Utc.with_ymd_and_hms(2026, 12, 1, 12, 0, 0).unwrap();
         let mut config = Config::default();
         let mut snapshot = Snapshot::default();
@@ -126,11 +154,48 @@ mod tests {
         let planned = plan(PlanInput {
             config: &config,
             snapshot: &snapshot,
-            settings: PlanSettings::default(),
+            settings: PlanSettings {
+                vault_children_cleanup,
+                ..PlanSettings::default()
+            },
             holds: &Holds::default(),
             now,
         });
-        planned.purges.contains(&id) || planned.nominations.iter().any(|n| n.child == id)
+        let decision = planned.nominations.iter().find(|n| n.child == id).map(|n| {
+            crate::plan::reap::decide(&crate::plan::reap::ReapInput {
+                nomination: n.nomination,
+                api: n.api,
+                allocation: n.allocation,
+                verdict: crate::plan::reap::Verdict::NotAsked,
+                age: n.age,
+                running_for: n.running_for,
+                policy: n.policy,
+            })
+        });
+        (planned.purges.contains(&id), decision)
+    }
+
+    #[test]
+    fn with_cleanup_allowed_vault_children_are_purged_and_stopped_only_without_a_runner() {
+        let vault_here = || repo("acme/secure", true, Some(VAULT_NS));
+        for (what, state, purged, stopped) in [
+            ("dead", State::Dead, true, false),
+            ("stuck unplaced", State::Stuck, false, true),
+            // Running: no signal says whether it runs a job, so it is never stopped.
+            ("wedged, allocation running", State::Wedged, false, false),
+        ] {
+            let (was_purged, decision) =
+                planned(vec![vault_here()], "acme/secure", VAULT_NS, state, true);
+            assert_eq!(was_purged, purged, "{what}");
+            let was_stopped = decision.is_some_and(|d| d.tear_down.is_some());
+            assert_eq!(was_stopped, stopped, "{what}: {decision:?}");
+        }
+        // Without the setting, none of them.
+        for state in [State::Dead, State::Stuck, State::Wedged] {
+            let (was_purged, decision) =
+                planned(vec![vault_here()], "acme/secure", VAULT_NS, state, false);
+            assert!(!was_purged && decision.is_none(), "{state:?}");
+        }
     }
 
     /// What, the document's repos, the child's repo, its namespace, its state, torn down.

@@ -36,6 +36,9 @@ pub struct PlanSettings {
     pub max_in_flight: Option<u32>,
     /// When runners are taken back.
     pub reap: ReapPolicy,
+    /// `--vault-children-cleanup`: the daemon may stop and purge children of `vault` mode
+    /// repos (see [`hands_off`]).
+    pub vault_children_cleanup: bool,
 }
 
 /// A bucket whose runners keep failing to start (BRIEF lesson 7): its dispatches back off.
@@ -293,7 +296,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         HashMap::with_capacity(snapshot.repo_urls.len());
     // Every in-flight child of ours with its repo slot and bucket, for the nominations.
     let mut flight: Vec<(&Child, Option<usize>, Option<usize>)> = Vec::with_capacity(listed);
-    let hands_off = HandsOff::new(config);
+    let hands_off = HandsOff::new(config, settings.vault_children_cleanup);
     for child in snapshot.our_listed_children() {
         if !child.status.is_in_flight() {
             let repo = snapshot.repo_of(child).and_then(|r| config.repos.get(r));

@@ -54,7 +54,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
 
     // Supply, counted from Nomad's own listing.
     let mut in_flight = InFlight::default();
-    let hands_off = HandsOff::new(config);
+    let hands_off = HandsOff::new(config, settings.vault_children_cleanup);
     for ours in snapshot.our_children() {
         let child = ours.child;
         if !child.status.is_in_flight() {

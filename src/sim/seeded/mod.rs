@@ -230,6 +230,8 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
         plan: PlanSettings {
             max_in_flight: options.max_in_flight,
             reap: options.reap_policy(),
+            // The seeded world's Nomad is before 1.11.2: vault children are left alone.
+            vault_children_cleanup: false,
         },
         ..LoopSettings::default()
     };
