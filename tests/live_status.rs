@@ -77,8 +77,10 @@ async fn status_shows_the_running_daemons_backoff_that_a_dry_run_cannot_know() {
     assert!(live.contains("1 failed start(s) in a row"), "{live}");
     assert!(live.contains(REPO), "{live}");
 
-    // Nobody answers now: a fresh dry-run tick, said so, and it knows of no backoff.
-    let (out, err) = status(&twins, &key_file, &addr);
+    // Nobody answers now (at an address of this test's own: the stopped daemon's port may
+    // be anyone's by now): a fresh dry-run tick, said so, and it knows of no backoff.
+    let nobody = support::bystander::Bystander::hanging_up().await;
+    let (out, err) = status(&twins, &key_file, &nobody.base_url());
     assert!(err.contains("no daemon answered at"), "{err}");
     assert!(err.contains("fresh dry-run tick"), "{err}");
     assert!(!out.contains("crash loop"), "{out}");

@@ -20,6 +20,17 @@ pub struct Bystander {
 
 impl Bystander {
     pub async fn start() -> Bystander {
+        Bystander::listen(false).await
+    }
+
+    /// A host that closes every connection as soon as it is accepted: an address of the
+    /// test's own where no HTTP server answers, unlike a fixed port, which anything on the
+    /// machine may be listening on.
+    pub async fn hanging_up() -> Bystander {
+        Bystander::listen(true).await
+    }
+
+    async fn listen(hang_up: bool) -> Bystander {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Seen::default()));
@@ -27,6 +38,10 @@ impl Bystander {
         let accepting = tokio::spawn(async move {
             while let Ok((mut stream, _)) = listener.accept().await {
                 keep.lock().unwrap().connections += 1;
+                if hang_up {
+                    drop(stream);
+                    continue;
+                }
                 let keep = keep.clone();
                 // Reads whatever comes and never answers: a request gets no reply to react to.
                 tokio::spawn(async move {
