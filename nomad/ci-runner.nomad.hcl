@@ -13,17 +13,47 @@
 # a template: nothing to host, no artifact to fetch, and the job holds exactly the script of
 # the checkout it was run from.
 
+variable "namespace" {
+  description = "Namespace of this parent and its children (terraform var.runner_namespace; the daemon's RUNNER_SCALER_RUNNER_NAMESPACE)."
+  type        = string
+  default     = "ci-runners"
+}
+
+variable "node_pool" {
+  description = "Node pool of the runner nodes (terraform var.runner_node_pool, which Terraform creates)."
+  type        = string
+  default     = "ci-runners"
+}
+
+variable "vault_addr" {
+  description = "Vault's API, where a runner unwraps its credential: the same variable and default as the daemon's job (nomad/runner-scaler.nomad.hcl), so pass both the same -var vault_addr. It is resolved inside the runner's container (Docker's bridge network): a name only the host's loopback resolver knows (*.service.consul behind systemd-resolved or dnsmasq on 127.0.0.1) does not resolve there; see dns_servers."
+  type        = string
+  default     = "https://vault.service.consul:8200"
+}
+
+variable "dns_servers" {
+  description = "DNS servers (IP addresses, port 53) for the runner's container, the Docker driver's dns_servers. Empty: Docker's default, the host's resolv.conf without loopback entries (Docker then falls back to public resolvers, which do not know .consul). Set it to a resolver the container can reach that answers vault_addr's name, e.g. a dnsmasq forwarding .consul to Consul's DNS, listening on the Docker bridge's address (172.17.0.1)."
+  type        = list(string)
+  default     = []
+}
+
+variable "no_new_privileges" {
+  description = "Start the runner with Docker's no-new-privileges security option: sudo (which the actions-runner image gives its runner user without a password) and every other setuid program stop working, so a workflow step stays uid 1001 and cannot read files or processes of other uids in the task. Off by default: workflows that `sudo apt-get install` fail with it on (README, \"Runner images\")."
+  type        = bool
+  default     = false
+}
+
 job "ci-runner" {
   # Nomad stores dispatch meta, runner_token included, and shows it to anyone with read-job
   # in the job's namespace (BRIEF lesson 9). Runner children therefore live in a namespace of
   # their own, which only runner-scaler and the operators can read.
-  namespace   = "ci-runners"
+  namespace   = var.namespace
   type        = "batch"
   datacenters = ["*"]
 
   # Runners execute whatever a workflow says: only on nodes set aside for them, never beside
   # the daemon, Vault or other services whose secrets or sockets a job could reach.
-  node_pool = "ci-runners"
+  node_pool = var.node_pool
 
   parameterized {
     # runner-scaler never sends a payload.
@@ -79,6 +109,14 @@ job "ci-runner" {
         # Never mount the host's Docker socket (/var/run/docker.sock) here: any workflow step
         # could then start a privileged container and own the node. Give the task a Docker
         # daemon of its own (a DinD sidecar) if workflows need containers.
+
+        # The image gives uid 1001 passwordless sudo (actions/runner images/Dockerfile), so a
+        # step can become root in the container and read what the entrypoint keeps from other
+        # uids. no-new-privileges (Docker's --security-opt, which the Nomad driver passes on as
+        # written: drivers/docker/driver.go parseSecurityOpts) makes sudo refuse to run.
+        security_opt = var.no_new_privileges ? ["no-new-privileges"] : []
+        # Where VAULT_ADDR's name is resolved: see the dns_servers variable.
+        dns_servers = var.dns_servers
       }
 
       env {
@@ -90,7 +128,7 @@ job "ci-runner" {
         # unwrapped here, at VAULT_ADDR, with nothing but the wrapping token).
         RUNNER_TOKEN              = "${NOMAD_META_runner_token}"
         RUNNER_CREDENTIAL_WRAPPED = "auto"
-        VAULT_ADDR                = "https://vault.service.consul:8200"
+        VAULT_ADDR                = var.vault_addr
         # Rendered below; empty (and then unused) unless the Nomad Variable holds a CA.
         VAULT_CACERT = "${NOMAD_TASK_DIR}/ca/vault.pem"
         # A runner no job came to within this time stops itself and exits 3.

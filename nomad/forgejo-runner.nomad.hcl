@@ -6,14 +6,44 @@
 # "The runner contract"), read with file() relative to this file: `nomad job run
 # nomad/forgejo-runner.nomad.hcl` works as shipped.
 
+variable "image" {
+  description = "The runner's image. The default, Forgejo's own, has no Node: jobs run in it directly (`<label>:host`), so `run:` steps work and `uses:` actions written in JavaScript (actions/checkout and most others) fail. For those, build nomad/runner/forgejo-runner.Dockerfile (this image plus nodejs, curl and the CA bundle) and pass its tag here (README, \"Runner images\")."
+  type        = string
+  default     = "code.forgejo.org/forgejo/runner:11.3.1"
+}
+
+variable "namespace" {
+  description = "Namespace of this parent and its children (terraform var.runner_namespace)."
+  type        = string
+  default     = "ci-runners"
+}
+
+variable "node_pool" {
+  description = "Node pool of the runner nodes (terraform var.runner_node_pool)."
+  type        = string
+  default     = "ci-runners"
+}
+
+variable "vault_addr" {
+  description = "Vault's API, where a runner unwraps its credential: the same variable and default as the daemon's job, so pass both the same -var vault_addr. Resolved inside the container: see dns_servers and nomad/ci-runner.nomad.hcl."
+  type        = string
+  default     = "https://vault.service.consul:8200"
+}
+
+variable "dns_servers" {
+  description = "DNS servers (IP addresses) for the runner's container, the Docker driver's dns_servers. Empty: Docker's default (the host's resolv.conf without loopback entries). Set it to a resolver reachable from the container that answers vault_addr's name (see nomad/ci-runner.nomad.hcl)."
+  type        = list(string)
+  default     = []
+}
+
 job "forgejo-build-runner" {
   # Dispatch meta (runner_token included) is readable with read-job in this namespace.
-  namespace   = "ci-runners"
+  namespace   = var.namespace
   type        = "batch"
   datacenters = ["*"]
 
   # Runners execute whatever a workflow says: only on nodes set aside for them.
-  node_pool = "ci-runners"
+  node_pool = var.node_pool
 
   parameterized {
     payload       = "forbidden"
@@ -48,19 +78,31 @@ job "forgejo-build-runner" {
 
       config {
         # Pinned to a release (code.forgejo.org/forgejo/runner/releases); `one-job` exists
-        # since 6.1.0. The image is Alpine with bash and git and no curl: the entrypoint
-        # unwraps a Vault-wrapped credential with BusyBox wget there (the wrapping token is then
-        # briefly on wget's command line, before any job exists). BusyBox wget takes no CA
-        # file, so VAULT_CACERT below does not reach it: with a Vault whose certificate a
-        # private CA signed, run an image derived from this one that either adds the CA to the
-        # system bundle (`apk add ca-certificates`, the CA in /usr/local/share/ca-certificates,
-        # `update-ca-certificates`, then USER 1000 again) or adds curl (`apk add curl`), which
-        # the entrypoint then prefers and gives VAULT_CACERT (README, "Vault with a private
-        # CA").
-        image   = "code.forgejo.org/forgejo/runner:11.3.1"
+        # since 6.1.0. The image is Alpine with bash and git and no curl and no Node.
+        #
+        # Jobs run in this container: the entrypoint registers each label as `<label>:host`
+        # (Forgejo's label types: docker://IMAGE, lxc://…, host), so the runner execs the steps
+        # here instead of asking a Docker daemon for a container. `run:` steps work as they are.
+        # A JavaScript action (`uses: actions/checkout@v4`) is started with the `node` found on
+        # the PATH of the job's environment (act, which forgejo-runner embeds:
+        # pkg/runner/run_context.go GetNodeToolFullPath), and this image has none: run
+        # nomad/runner/forgejo-runner.Dockerfile's image (var.image) for those. The other way,
+        # `<label>:docker://node:20-bookworm`, needs a Docker daemon: the host's socket would
+        # hand every workflow the node (see ci-runner.nomad.hcl), and a daemon of the task's
+        # own (DinD) must run privileged; neither is shipped.
+        #
+        # Unwrapping: without curl the entrypoint uses BusyBox wget (the wrapping token is then
+        # briefly on wget's command line, before any job exists). BusyBox wget takes no CA file,
+        # so VAULT_CACERT below does not reach it: with a Vault whose certificate a private CA
+        # signed, run an image with curl (the Dockerfile above adds it; the entrypoint then
+        # prefers curl and gives it VAULT_CACERT) or with the CA in the system bundle (README,
+        # "Vault with a private CA").
+        image   = var.image
         command = "/bin/bash"
         args    = ["${NOMAD_TASK_DIR}/entrypoint.sh"]
         # Never the host's Docker socket: see README, "The runner contract".
+        # Where VAULT_ADDR's name is resolved: see the dns_servers variable.
+        dns_servers = var.dns_servers
       }
 
       env {
@@ -70,7 +112,7 @@ job "forgejo-build-runner" {
         RUNNER_LABELS             = "${NOMAD_META_labels}"
         RUNNER_TOKEN              = "${NOMAD_META_runner_token}"
         RUNNER_CREDENTIAL_WRAPPED = "auto"
-        VAULT_ADDR                = "https://vault.service.consul:8200"
+        VAULT_ADDR                = var.vault_addr
         # Rendered below; empty (and then unused) unless the Nomad Variable holds a CA. Used
         # by curl only: see the image above.
         VAULT_CACERT        = "${NOMAD_TASK_DIR}/ca/vault.pem"

@@ -1,6 +1,8 @@
 # github-runner-moat-vm: a runner parent job for a `vault` mode repo (the example document's
-# ev-the-dev/moat). Copy it once per vault-mode parent job, changing the job name, the Vault
-# role, the secret path and the repo_url variable (or pass -var repo_url=…).
+# ev-the-dev/moat). One parent per vault-mode repo: register it once per repo with that repo's
+# values, from a copy of this file or with -var job_id=… -var vault_role=… -var
+# register_vault_path=… -var repo_url=… (each the repo's entry of Terraform's vault_mode_runners,
+# whose role is bound to this job id and the task `mint`).
 #
 # The repo is the job file's, never the dispatch's. The mint task sends the repo's admin token
 # to GitHub; were the host taken from dispatch meta, anyone allowed to dispatch this job (the
@@ -21,6 +23,48 @@
 # Scripts come from nomad/runner/ through file(), relative to this file (see
 # ci-runner.nomad.hcl): `nomad job run nomad/github-runner-vault.nomad.hcl` works as shipped.
 
+variable "job_id" {
+  description = "This parent's job id: the job_id of its entry in terraform var.vault_mode_runners, which its Vault role is bound to (with vault_runner_namespace and the task mint). The document's profile for the repo names it."
+  type        = string
+  default     = "github-runner-moat-vm"
+}
+
+variable "vault_role" {
+  description = "The Vault JWT role the mint task logs in with: the key of this parent's entry in terraform var.vault_mode_runners."
+  type        = string
+  default     = "runner-moat"
+}
+
+variable "vault_mount" {
+  description = "The KV v2 mount (terraform var.vault_kv_mount)."
+  type        = string
+  default     = "secret"
+}
+
+variable "register_vault_path" {
+  description = "The repo's registerVaultPath under vault_mount, field token: the admin token (register_path of this parent's entry in terraform var.vault_mode_runners, the only path its role reads)."
+  type        = string
+  default     = "github/moat-runner"
+}
+
+variable "namespace" {
+  description = "Namespace of this parent and its children (terraform var.vault_runner_namespace): where the daemon may dispatch but not submit jobs."
+  type        = string
+  default     = "ci-runners-vault"
+}
+
+variable "node_pool" {
+  description = "Node pool of the runner nodes (terraform var.runner_node_pool)."
+  type        = string
+  default     = "ci-runners"
+}
+
+variable "no_new_privileges" {
+  description = "Start the runner task with Docker's no-new-privileges security option, so workflow steps cannot become root through the image's passwordless sudo. Off by default: workflows that `sudo apt-get install` fail with it on (README, \"Runner images\"). The mint task runs with it always."
+  type        = bool
+  default     = false
+}
+
 variable "repo_url" {
   description = "The one repo this parent mints runners for, https://HOST/OWNER/REPO: the host its admin token is sent to. A dispatch whose repo_url meta names another repo is refused."
   type        = string
@@ -34,12 +78,16 @@ variable "github_api_url" {
 }
 
 job "github-runner-moat-vm" {
-  namespace   = "ci-runners-vault"
+  # The label is only the default: `id` is what Nomad stores and what the mint task's
+  # nomad_job_id claim carries, and the Vault role is bound to it.
+  id          = var.job_id
+  name        = var.job_id
+  namespace   = var.namespace
   type        = "batch"
   datacenters = ["*"]
 
   # Runners execute whatever a workflow says: only on nodes set aside for them.
-  node_pool = "ci-runners"
+  node_pool = var.node_pool
 
   parameterized {
     payload = "forbidden"
@@ -87,13 +135,16 @@ job "github-runner-moat-vm" {
         image   = "ghcr.io/actions/actions-runner:2.336.0"
         command = "/bin/bash"
         args    = ["${NOMAD_TASK_DIR}/mint.sh"]
+        # The mint script needs no sudo: this task, which holds the admin token, never gains
+        # privileges.
+        security_opt = ["no-new-privileges"]
       }
 
-      # Workload identity: Vault's JWT role `runner-moat` (terraform/vault.tf) is bound to
-      # this job and grants read on secret/data/github/moat-runner only. Only this task has a
-      # vault block, so only this task ever holds a Vault token.
+      # Workload identity: Vault's JWT role (var.vault_role, terraform/vault.tf) is bound to
+      # this job id and this task and grants read on the admin token's path only. Only this
+      # task has a vault block, so only this task ever holds a Vault token.
       vault {
-        role = "runner-moat"
+        role = var.vault_role
       }
 
       # The admin token lands in this task's own secrets directory as a ready-made header
@@ -105,7 +156,7 @@ job "github-runner-moat-vm" {
         gid         = 1001
         change_mode = "noop"
         data        = <<-EOT
-          {{- with secret "secret/data/github/moat-runner" -}}
+          {{- with secret "${var.vault_mount}/data/${var.register_vault_path}" -}}
           Authorization: Bearer {{ .Data.data.token }}
           {{- end }}
         EOT
@@ -151,6 +202,8 @@ job "github-runner-moat-vm" {
         command = "/bin/bash"
         args    = ["${NOMAD_TASK_DIR}/entrypoint.sh"]
         # Never the host's Docker socket: see README, "The runner contract".
+        # The image's passwordless sudo, closed on request: see ci-runner.nomad.hcl.
+        security_opt = var.no_new_privileges ? ["no-new-privileges"] : []
       }
 
       env {

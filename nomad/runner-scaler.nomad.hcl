@@ -1,26 +1,53 @@
 # runner-scaler: the daemon itself, as a service job.
 #
-# Run it with the addresses of your cluster, e.g.
+# Run it once the namespaces, policies and roles (terraform/), its CA Variable and the secrets
+# in Vault exist (README, "Deploying on a real cluster"), with the image you built and the
+# nodes Terraform's Consul policy lets it hold its lock from:
 #   nomad job run -var image=registry.example.com/runner-scaler:0.1.0 \
+#     -var "daemon_nodes=$(terraform -chdir=terraform output -json daemon_nodes)" \
 #     -var vault_addr=https://vault.example.com:8200 nomad/runner-scaler.nomad.hcl
-# Every `variable` below has an HTTPS default. The CA bundles are not secrets and come from the
-# Nomad Variable nomad/jobs/runner-scaler in the daemon's namespace, which the task's workload
-# identity reads without any policy (Nomad's implicit access to nomad/jobs/<job id>):
+# Every address below has an HTTPS default; every name Terraform also knows (namespaces, job
+# id, Vault role, KV mount and paths, Consul keys) is a variable with terraform/variables.tf's
+# default (tests/deploy_files.rs checks that they agree), so a changed name is one -var away.
+#
+# The CA bundles are not secrets and come from the Nomad Variable nomad/jobs/<job id> in the
+# daemon's namespace, which the task's workload identity reads without any policy (Nomad's
+# implicit access to nomad/jobs/<job id>):
 #   nomad var put -namespace runner-scaler nomad/jobs/runner-scaler \
 #     consul_ca=@consul-ca.pem vault_ca=@vault-ca.pem
 # (no host volume, so the Docker driver's `volumes` can stay disabled on the node). Put it
 # before the first `nomad job run`: until it exists the CA templates below wait for it (`nomad
 # alloc status` shows "Missing: nomad.var.block(nomad/jobs/runner-scaler@runner-scaler.global)")
-# and the task stays pending, never started.
+# and the task stays pending, never started. A Variable without one of the keys fails that
+# template ("map has no entry for key"). A service whose certificate a public CA signed needs
+# no entry: turn its template off (render_consul_ca, render_vault_ca) and point its *_cacert
+# at the image's system bundle.
 #
 # Needs Nomad >= 1.8 (the `disconnect` block); workload identities for Vault and Consul need
 # >= 1.7 with the servers' vault.default_identity and consul.task_identity (README,
 # "Minimum versions and cluster settings").
 
 variable "image" {
-  description = "The daemon's image, built from the repository's Dockerfile and pinned to a version tag or a digest, never latest."
+  description = "The daemon's image, built from the repository's Dockerfile and pushed where the Nomad clients pull from (README, \"The image\"), pinned to a version tag or a digest, never latest. No default: no published image is built from this checkout."
   type        = string
-  default     = "ghcr.io/afreidah/runner-scaler:0.1.0"
+
+  validation {
+    # A tag that starts with a digit (0.1.0, 2026-05-01) or a sha256 digest. Nomad's HCL has
+    # regex_replace but no regex(): the whole name matches exactly when nothing is left.
+    condition     = regex_replace(var.image, "^[^@]+(:[0-9][0-9A-Za-z._-]*|@sha256:[0-9a-f]{64})$", "") == ""
+    error_message = "image must be pinned to a version tag (REGISTRY/runner-scaler:0.1.0) or a digest (…@sha256:…), not latest or untagged."
+  }
+}
+
+variable "daemon_nodes" {
+  description = "Node names (node.unique.name) the daemon may run on: Terraform's daemon_nodes, whose sessions its Consul policy may write (`terraform -chdir=terraform output -json daemon_nodes`). On each, the Consul agent's node_name must equal the Nomad client's name: the lock session is created against the agent's."
+  type        = list(string)
+}
+
+variable "job_id" {
+  description = "The daemon's job id (terraform var.daemon_job_id), which its identities are bound to; also the path of its CA Variable, nomad/jobs/<job id>."
+  type        = string
+  default     = "runner-scaler"
 }
 
 variable "namespace" {
@@ -49,21 +76,39 @@ variable "consul_addr" {
 }
 
 variable "consul_cacert" {
-  description = "CA certificate that signed Consul's HTTPS certificate, as a path in the task. Default: rendered from the Nomad Variable's consul_ca. The Consul client reads only its first certificate."
+  description = "CA bundle that signed Consul's HTTPS certificate, as a path in the task (every certificate in it is trusted). Default: rendered from the Nomad Variable's consul_ca. With render_consul_ca = false, name a file the task has, e.g. the image's system bundle /etc/ssl/certs/ca-certificates.crt."
   type        = string
   default     = "$${NOMAD_TASK_DIR}/ca/consul.pem"
 }
 
+variable "render_consul_ca" {
+  description = "Render consul_cacert's default file from the Nomad Variable's consul_ca (the task waits until the Variable exists). false: no template; consul_cacert must name another file."
+  type        = bool
+  default     = true
+}
+
 variable "vault_addr" {
-  description = "Vault's API."
+  description = "Vault's API. The runner parents (nomad/ci-runner.nomad.hcl, nomad/forgejo-runner.nomad.hcl) have a vault_addr of the same name and default, for their unwrap: pass both the same value."
   type        = string
   default     = "https://vault.service.consul:8200"
 }
 
 variable "vault_cacert" {
-  description = "CA bundle that signed Vault's certificate, as a path in the task. Default: rendered from the Nomad Variable's vault_ca."
+  description = "CA bundle that signed Vault's certificate, as a path in the task. Default: rendered from the Nomad Variable's vault_ca. With render_vault_ca = false, name a file the task has, e.g. the image's system bundle /etc/ssl/certs/ca-certificates.crt."
   type        = string
   default     = "$${NOMAD_TASK_DIR}/ca/vault.pem"
+}
+
+variable "render_vault_ca" {
+  description = "Render vault_cacert's default file from the Nomad Variable's vault_ca (the task waits until the Variable exists). false: no template; vault_cacert must name another file."
+  type        = bool
+  default     = true
+}
+
+variable "vault_role" {
+  description = "The Vault JWT role the task logs in with (terraform var.daemon_vault_role)."
+  type        = string
+  default     = "runner-scaler"
 }
 
 variable "vault_mount" {
@@ -84,13 +129,38 @@ variable "config_key" {
   default     = "runners/config"
 }
 
+variable "pause_key" {
+  description = "Consul KV key that pauses every dispatch while it holds a value (terraform var.pause_key, which the Consul policy lets the daemon read)."
+  type        = string
+  default     = "runners/paused"
+}
+
+variable "leader_key" {
+  description = "Consul KV key of the leader lock (terraform var.leader_key, which the Consul policy lets the daemon write)."
+  type        = string
+  default     = "runners/leader"
+}
+
 job "runner-scaler" {
+  # The label is only a default: `id` is what Nomad stores and what the identities'
+  # nomad_job_id claim carries (jobspec2: id and name override the label).
+  id   = var.job_id
+  name = var.job_id
   # Its own namespace, where only operators submit jobs: the Vault role, the Consul binding
   # rule and the Nomad policy (terraform/) are bound to this namespace, job id and task, so
   # nobody who can merely submit to `default` or to the runners' namespaces gets them.
   namespace   = var.namespace
   type        = "service"
   datacenters = ["*"]
+
+  # Only the nodes whose Consul sessions the daemon's policy may write (terraform/consul.tf):
+  # elsewhere its session create would be refused. set_contains_any splits the value on commas
+  # and matches the node's name against each (hashicorp/nomad scheduler/feasible.go).
+  constraint {
+    attribute = "${node.unique.name}"
+    operator  = "set_contains_any"
+    value     = join(",", var.daemon_nodes)
+  }
 
   group "scaler" {
     # One copy is enough: more may run, and only the holder of the Consul leader lock acts.
@@ -172,7 +242,7 @@ job "runner-scaler" {
       # on the App key and on each repo's vaultPath, each by its exact path. The daemon reads
       # the polling and Forgejo tokens itself through VAULT_TOKEN at run time.
       vault {
-        role = "runner-scaler"
+        role = var.vault_role
       }
 
       # Nomad's own workload identity as the Nomad API token (NOMAD_TOKEN): terraform/nomad.tf
@@ -196,6 +266,8 @@ job "runner-scaler" {
         VAULT_CACERT                = var.vault_cacert
         VAULT_MOUNT                 = var.vault_mount
         RUNNER_SCALER_CONFIG_KEY    = var.config_key
+        RUNNER_SCALER_PAUSE_KEY     = var.pause_key
+        RUNNER_SCALER_LEADER_KEY    = var.leader_key
         GITHUB_APP_PRIVATE_KEY_FILE = "${NOMAD_SECRETS_DIR}/github-app.pem"
         # The host's network: bind the address Nomad gave the port, not every interface.
         RUNNER_SCALER_LISTEN = "${NOMAD_IP_http}:${NOMAD_PORT_http}"
@@ -232,28 +304,41 @@ job "runner-scaler" {
         EOT
       }
 
-      # The CA bundles, from the Nomad Variable named at the top of this file. Public
-      # certificates: readable by the task's user, written by nobody but Nomad.
-      template {
-        destination = "local/ca/consul.pem"
-        perms       = "0444"
-        uid         = 65532
-        gid         = 65532
-        change_mode = "restart"
-        data        = <<-EOT
-          {{- with nomadVar "nomad/jobs/runner-scaler" }}{{ .consul_ca }}{{ end -}}
-        EOT
+      # The CA bundles, from the Nomad Variable named at the top of this file (its path follows
+      # the job id). Public certificates: readable by the task's user, written by nobody but
+      # Nomad. Each is optional (render_consul_ca, render_vault_ca). A Variable without the key
+      # fails the template with 'map has no entry for key "consul_ca"' (error_on_missing_key,
+      # Nomad >= 1.5): by default consul-template renders a missing key as its zero value
+      # (missingkey=zero), an empty file the daemon would only refuse later, at start ("no PEM
+      # certificate in it"), far from the Variable at fault.
+      dynamic "template" {
+        for_each = var.render_consul_ca ? ["consul_ca"] : []
+        content {
+          destination          = "local/ca/consul.pem"
+          perms                = "0444"
+          uid                  = 65532
+          gid                  = 65532
+          change_mode          = "restart"
+          error_on_missing_key = true
+          data                 = <<-EOT
+            {{- with nomadVar (printf "nomad/jobs/%s" (env "NOMAD_JOB_ID")) }}{{ .consul_ca }}{{ end -}}
+          EOT
+        }
       }
 
-      template {
-        destination = "local/ca/vault.pem"
-        perms       = "0444"
-        uid         = 65532
-        gid         = 65532
-        change_mode = "restart"
-        data        = <<-EOT
-          {{- with nomadVar "nomad/jobs/runner-scaler" }}{{ .vault_ca }}{{ end -}}
-        EOT
+      dynamic "template" {
+        for_each = var.render_vault_ca ? ["vault_ca"] : []
+        content {
+          destination          = "local/ca/vault.pem"
+          perms                = "0444"
+          uid                  = 65532
+          gid                  = 65532
+          change_mode          = "restart"
+          error_on_missing_key = true
+          data                 = <<-EOT
+            {{- with nomadVar (printf "nomad/jobs/%s" (env "NOMAD_JOB_ID")) }}{{ .vault_ca }}{{ end -}}
+          EOT
+        }
       }
 
       resources {

@@ -38,11 +38,19 @@ resource "consul_keys" "seed_config" {
 
 # Read on exactly the document's key and the operator's pause key: not a prefix, not the rest
 # of KV. Write on exactly the leader lock's key (`?acquire=` and `?release=` are writes), and
-# sessions: the daemon creates its lock session on the local agent's node, whose name is not
-# known here. Rule syntax: https://developer.hashicorp.com/consul/docs/security/acl/acl-rules
+# sessions on exactly the daemon's nodes. Consul checks session:write on a session's node to
+# create, renew and destroy it (agent/consul/session_endpoint.go, Session.Apply and Renew), and
+# the daemon's `PUT /v1/session/create` names no node, so its local agent fills in its own
+# `node_name` (agent/session_endpoint.go). `session_prefix ""` would let the daemon's token
+# destroy any session in the cluster, and a session with Behavior=delete deletes the keys it
+# holds when it is destroyed: so one exact `session` rule per node of var.daemon_nodes, the
+# nodes the daemon's job is pinned to (nomad/runner-scaler.nomad.hcl, constraint on
+# ${node.unique.name}). That pin is by the Nomad client's node name; the session is by the
+# Consul agent's: both are the hostname unless configured otherwise, and must agree.
+# Rule syntax: https://developer.hashicorp.com/consul/docs/security/acl/acl-rules
 resource "consul_acl_policy" "runner_scaler_config" {
   name        = "runner-scaler-config"
-  description = "runner-scaler reads its document and its pause key, and holds its leader lock"
+  description = "runner-scaler reads its document and its pause key, and holds its leader lock from its own nodes"
   rules       = <<-EOT
     key "${var.config_key}" {
       policy = "read"
@@ -53,9 +61,11 @@ resource "consul_acl_policy" "runner_scaler_config" {
     key "${var.leader_key}" {
       policy = "write"
     }
-    session_prefix "" {
+    %{for node in var.daemon_nodes~}
+    session "${node}" {
       policy = "write"
     }
+    %{endfor~}
   EOT
 }
 
@@ -100,4 +110,36 @@ resource "consul_acl_binding_rule" "runner_scaler" {
   selector    = "value.nomad_namespace==\"${var.daemon_namespace}\" and value.nomad_job_id==\"${var.daemon_job_id}\" and value.nomad_task==\"${var.daemon_task}\""
   bind_type   = "role"
   bind_name   = consul_acl_role.runner_scaler.name
+}
+
+# Runner tasks on Nomad 1.8 and 1.9. There, once the servers set `consul { task_identity }`,
+# every task with a template block gets an implicit Consul workload identity at registration
+# (hashicorp/nomad nomad/job_endpoint_hook_implicit_identities.go, v1.8.0 and v1.9.0: `if
+# len(t.Templates) > 0 { h.handleConsulTasks(t, tg) }`), and the client logs each one in before
+# any task starts (client/allocrunner/consul_hook.go). With no binding rule matching, Consul
+# answers "Permission denied" (agent/consul/auth/binder.go: no bindings, no token) and the
+# allocation fails with "failed to derive Consul token for task …" before the entrypoint runs.
+# Every runner task has templates (the entrypoint, the CA), so without this rule no runner ever
+# starts on 1.8 or 1.9. Nomad 1.10 no longer adds that identity (hashicorp/nomad#25298).
+#
+# The role below has no policy, no service or node identity: the token it gives grants nothing
+# beyond what Consul's default_policy allows every token (nothing, with `deny`). A role binding
+# counts only if the role exists at login (binder.go), so the rule names the resource. Runner
+# parents registered on a 1.8 or 1.9 server keep the identity in their stored spec after an
+# upgrade to 1.10: register them again (`nomad job run`) and the rule is no longer used. Make
+# sure no other binding rule of the auth method (a catch-all of your own, say) gives these
+# namespaces a role that grants something: runners run whatever a workflow says.
+resource "consul_acl_role" "runner_tasks" {
+  name        = "ci-runner-tasks"
+  description = "Runner tasks of Nomad 1.8 and 1.9 (implicit Consul identity of a task with templates): grants nothing"
+}
+
+resource "consul_acl_binding_rule" "runner_tasks" {
+  auth_method = local.consul_auth_method
+  description = "runner tasks log in to Consul and get a role that grants nothing (Nomad 1.8 and 1.9)"
+  # The auth method's ClaimMappings project nomad_namespace as value.nomad_namespace (Consul's
+  # JWT validator: selectable fields `value` and `list`); `nomad setup consul` maps it too.
+  selector  = "value.nomad_namespace==\"${var.runner_namespace}\" or value.nomad_namespace==\"${var.vault_runner_namespace}\""
+  bind_type = "role"
+  bind_name = consul_acl_role.runner_tasks.name
 }

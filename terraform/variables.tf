@@ -62,6 +62,24 @@ variable "daemon_task" {
   default     = "runner-scaler"
 }
 
+variable "daemon_nodes" {
+  description = "Node names the daemon's job may run on (at least one; two or more let a standby run, or let Nomad replace a lost copy elsewhere). The Consul policy lets the daemon create and destroy sessions on exactly these nodes (consul.tf) and the job is pinned to them: pass the same list to the daemon's job as its daemon_nodes variable (`terraform output -json daemon_nodes`). Consul creates the lock session against its local agent's node name (`node_name`), the job is placed by the Nomad client's node name (`name`): both default to the hostname, so on each of these hosts the two must be configured alike."
+  type        = list(string)
+
+  validation {
+    # The daemon's job matches ${node.unique.name} with set_contains_any, which splits its value
+    # on commas (hashicorp/nomad scheduler/feasible.go, checkSetContainsAny).
+    condition     = length(var.daemon_nodes) > 0 && alltrue([for node in var.daemon_nodes : trimspace(node) == node && node != "" && !strcontains(node, ",")])
+    error_message = "daemon_nodes must name at least one node, each without commas or surrounding spaces."
+  }
+}
+
+variable "daemon_vault_role" {
+  description = "Vault JWT role the daemon's task logs in with (the daemon's job variable vault_role, the role of its vault block)."
+  type        = string
+  default     = "runner-scaler"
+}
+
 variable "runner_namespace" {
   description = "Nomad namespace of the app-mode and Forgejo runner parents and their children (the daemon's RUNNER_SCALER_RUNNER_NAMESPACE). No job here holds a Vault role."
   type        = string
@@ -95,9 +113,14 @@ variable "create_runner_node_pool" {
 # ---- Workload identity: how Vault and Consul trust Nomad's JWTs ----
 
 variable "nomad_jwks_url" {
-  description = "Nomad's JWKS endpoint, where Vault and Consul fetch the keys that sign workload identities. HTTPS: a plain-HTTP URL lets anyone on the path substitute keys and mint any identity."
+  description = "Nomad's JWKS endpoint, where Vault and Consul fetch the keys that sign workload identities; used only when this configuration creates the JWT backend or the Consul auth method. HTTPS: a plain-HTTP URL lets anyone on the path substitute keys and mint any identity. Its host must be a name in the Nomad agents' certificate that Vault's and Consul's servers resolve, and the agents must not require client certificates on HTTPS (tls.verify_https_client = false): neither Vault nor Consul presents one."
   type        = string
-  default     = "https://nomad.service.consul:4646/.well-known/jwks.json"
+  # server.global.nomad is a name `nomad tls cert create -server` puts in every server
+  # certificate (with localhost and 127.0.0.1; hashicorp/nomad command/tls_cert_create.go,
+  # recordPreparation), so the certificate check passes without -additional-dnsname. It is not
+  # in any DNS: Vault's and Consul's servers must resolve it to Nomad agents (a hosts entry or
+  # a DNS record), or set a name of your own that the certificate carries.
+  default = "https://server.global.nomad:4646/.well-known/jwks.json"
 
   validation {
     condition     = startswith(var.nomad_jwks_url, "https://")

@@ -84,7 +84,7 @@ locals {
 # `default` namespace above all) and no other task of its job logs in as the daemon.
 resource "vault_jwt_auth_backend_role" "runner_scaler" {
   backend         = local.jwt_backend
-  role_name       = "runner-scaler"
+  role_name       = var.daemon_vault_role
   role_type       = "jwt"
   bound_audiences = ["vault.io"]
   user_claim      = "/nomad_job_id"

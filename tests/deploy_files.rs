@@ -11,6 +11,7 @@ use std::path::Path;
 use hcl::{Block, Body, Expression, ObjectKey, TemplateExpr};
 use support::hcl_files::{
     attr, block, blocks, label_text, labelled, optional_attr, parse, parse_text, read, repo_path,
+    templates,
 };
 
 /// A string literal or template as written, `${…}` included; anything else as HCL source
@@ -422,7 +423,10 @@ fn job_files() -> Vec<(String, Body)> {
 
 struct Task {
     file: String,
+    /// The job file's variables at their defaults.
+    scope: Scope,
     namespace: String,
+    /// The job's id: its `id` attribute where it has one (a variable), else its label.
     job: String,
     group: String,
     task: String,
@@ -438,13 +442,17 @@ fn tasks() -> Vec<Task> {
         let scope = job_scope(&body);
         let job = block(&body, "job");
         let namespace = resolve(attr(job.body(), "namespace"), &scope, &file);
+        let job_id = optional_attr(job.body(), "id")
+            .map(|id| resolve(id, &scope, &file))
+            .unwrap_or_else(|| label_text(&job.labels()[0]).to_string());
         for group in blocks(job.body(), "group") {
             let group_consul = !blocks(group.body(), "consul").is_empty();
             for task in blocks(group.body(), "task") {
                 tasks.push(Task {
                     file: file.clone(),
+                    scope: scope.clone(),
                     namespace: namespace.clone(),
-                    job: label_text(&job.labels()[0]).to_string(),
+                    job: job_id.clone(),
                     group: label_text(&group.labels()[0]).to_string(),
                     task: label_text(&task.labels()[0]).to_string(),
                     body: task.body().clone(),
@@ -459,7 +467,7 @@ fn tasks() -> Vec<Task> {
 fn vault_role_of(task: &Task) -> Option<String> {
     blocks(&task.body, "vault")
         .first()
-        .map(|v| raw(attr(v.body(), "role")))
+        .map(|v| resolve(attr(v.body(), "role"), &task.scope, &task.file))
 }
 
 const DAEMON_JOB: &str = "nomad/runner-scaler.nomad.hcl";
@@ -737,8 +745,7 @@ fn a_task_with_a_consul_identity_takes_its_token_from_nomad_not_from_its_job_fil
             }
         }
         // A template rendered into the environment could set them just the same.
-        for template in blocks(&task.body, "template") {
-            let body = template.body();
+        for body in templates(&task.body) {
             if optional_attr(body, "env").is_some_and(|e| matches!(e, Expression::Bool(true))) {
                 let data = raw(attr(body, "data"));
                 for name in SET_BY_NOMAD {
@@ -936,8 +943,21 @@ fn no_image_is_latest_or_untagged() {
         for group in blocks(job.body(), "group") {
             for task in blocks(group.body(), "task") {
                 let config = block(task.body(), "config").body();
-                let image = resolve(attr(config, "image"), &scope, &file);
                 seen += 1;
+                // A required variable (no default) is checked by its validation instead:
+                // the_daemons_image_is_required_and_must_be_pinned.
+                let expr = attr(config, "image");
+                if let Some(name) = raw(expr).strip_prefix("var.")
+                    && !scope.contains_key(&format!("var.{name}"))
+                {
+                    let variable = labelled(&body, "variable", &[name]).body();
+                    assert!(
+                        !blocks(variable, "validation").is_empty(),
+                        "{file}: var.{name}"
+                    );
+                    continue;
+                }
+                let image = resolve(expr, &scope, &file);
                 assert_pinned(&image, &file);
             }
         }
@@ -1006,12 +1026,12 @@ fn the_daemons_job_uses_its_namespace_the_task_socket_and_tls() {
 
     let user: i64 = raw(attr(task, "user")).parse().expect("a numeric user");
     assert_eq!(user, dockerfile_user(), "the task runs as the image's user");
-    let templates = blocks(task, "template");
+    let templates = templates(task);
     assert!(!templates.is_empty());
     for template in templates {
         for key in ["uid", "gid"] {
             assert_eq!(
-                raw(attr(template.body(), key)).parse::<i64>().ok(),
+                raw(attr(template, key)).parse::<i64>().ok(),
                 Some(user),
                 "a template's {key}"
             );
@@ -1081,7 +1101,12 @@ struct Stage {
 
 /// The Dockerfile's stages, each with its instructions (continuation lines joined).
 fn dockerfile() -> Vec<Stage> {
-    let text = read("Dockerfile");
+    dockerfile_at("Dockerfile")
+}
+
+/// The stages of the Dockerfile at `relative`.
+fn dockerfile_at(relative: &str) -> Vec<Stage> {
+    let text = read(relative);
     let mut logical = Vec::new();
     let mut current = String::new();
     for line in text.lines() {
@@ -1275,5 +1300,608 @@ fn the_build_stage_installs_what_openssl_sys_builds_against() {
         "Cargo.lock has openssl-sys, but the build stage ({}) installs no pkg-config and \
          libssl-dev before cargo build: {runs:?}",
         build.base
+    );
+}
+
+// ---- Consul logins of tasks with templates (Nomad 1.8 and 1.9) ----
+
+/// `value.<claim>=="<v>"` clauses joined by ` and `, alternatives by ` or `: the only selector
+/// form the shipped binding rules use. Anything else fails the test rather than guess.
+fn selector_matches(selector: &str, claims: &BTreeMap<&str, String>) -> bool {
+    selector.split(" or ").any(|alternative| {
+        alternative.split(" and ").all(|clause| {
+            let (lhs, rhs) = clause
+                .split_once("==")
+                .unwrap_or_else(|| panic!("selector clause {clause:?} is not value.x==\"y\""));
+            let claim = lhs
+                .trim()
+                .strip_prefix("value.")
+                .unwrap_or_else(|| panic!("selector clause {clause:?} reads no value.<claim>"));
+            let wanted = rhs.trim();
+            assert!(
+                wanted.len() >= 2 && wanted.starts_with('"') && wanted.ends_with('"'),
+                "selector clause {clause:?}"
+            );
+            claims.get(claim).map(String::as_str) == Some(&wanted[1..wanted.len() - 1])
+        })
+    })
+}
+
+/// Nomad 1.8 and 1.9 give every task that has a template an implicit Consul workload identity
+/// once the servers set `consul { task_identity }` (hashicorp/nomad
+/// nomad/job_endpoint_hook_implicit_identities.go at v1.8.0 and v1.9.0; dropped in 1.10,
+/// hashicorp/nomad#25298), and the client logs each in before any task starts
+/// (client/allocrunner/consul_hook.go). A login that no binding rule gives a role is refused
+/// (Consul agent/consul/auth/binder.go) and the allocation fails with "failed to derive Consul
+/// token". So every such task, in every job file, is matched by a binding rule whose role
+/// Terraform creates; a runner's roles grant nothing (no policy, no identity).
+#[test]
+fn every_task_nomad_1_8_logs_in_to_consul_gets_a_role_and_runners_get_one_that_grants_nothing() {
+    let tf = terraform();
+    let scope = terraform_scope(&tf);
+    let mut rules = Vec::new();
+    for rule in blocks(&tf, "resource")
+        .into_iter()
+        .filter(|b| label_text(&b.labels()[0]) == "consul_acl_binding_rule")
+    {
+        let body = rule.body();
+        assert_eq!(raw(attr(body, "bind_type")), "role");
+        assert_eq!(raw(attr(body, "auth_method")), "local.consul_auth_method");
+        let role = resource(
+            &tf,
+            "consul_acl_role",
+            &referenced(&raw(attr(body, "bind_name")), "consul_acl_role."),
+        );
+        let role = role.body();
+        let grants = optional_attr(role, "policies").is_some_and(|p| !strings(p).is_empty())
+            || ["service_identities", "node_identities", "templated_policy"]
+                .iter()
+                .any(|b| !blocks(role, b).is_empty());
+        let selector = resolve(attr(body, "selector"), &scope, "selector");
+        rules.push((label_text(&rule.labels()[1]).to_string(), selector, grants));
+    }
+
+    let mut runners = 0;
+    for task in tasks() {
+        let logs_in = !templates(&task.body).is_empty() || task.consul_identity;
+        if !logs_in {
+            continue;
+        }
+        let claims = BTreeMap::from([
+            ("nomad_namespace", task.namespace.clone()),
+            ("nomad_job_id", task.job.clone()),
+            ("nomad_task", task.task.clone()),
+        ]);
+        let matching: Vec<&(String, String, bool)> = rules
+            .iter()
+            .filter(|(_, selector, _)| selector_matches(selector, &claims))
+            .collect();
+        let what = format!("{} task {}", task.file, task.task);
+        assert!(
+            !matching.is_empty(),
+            "{what}: no binding rule matches {claims:?}: on Nomad 1.8 and 1.9 its allocation \
+             fails with \"failed to derive Consul token\""
+        );
+        if task.file == DAEMON_JOB {
+            assert!(matching.iter().any(|(_, _, grants)| *grants), "{what}");
+        } else {
+            runners += 1;
+            for (name, selector, grants) in matching {
+                assert!(
+                    !grants,
+                    "{what}: binding rule {name} ({selector}) gives a runner a role that grants"
+                );
+            }
+        }
+    }
+    assert!(runners >= 4, "only {runners} runner tasks with templates");
+}
+
+// ---- runners and Vault ----
+
+/// A runner unwraps its credential at VAULT_ADDR from inside its container, whose resolver is
+/// not the host's loopback one: the address is a job variable with the name and default of
+/// the daemon's (one -var serves both), and the container's DNS servers are a variable too
+/// (the Docker driver's dns_servers).
+#[test]
+fn runners_unwrap_at_the_daemons_vault_addr_through_dns_servers_the_operator_chooses() {
+    let daemon = job_scope(&parse(DAEMON_JOB));
+    let mut checked = 0;
+    for (file, body) in job_files() {
+        if file == DAEMON_JOB {
+            continue;
+        }
+        let scope = job_scope(&body);
+        let job = block(&body, "job").body();
+        for group in blocks(job, "group") {
+            for task in blocks(group.body(), "task") {
+                let Some(addr) = blocks(task.body(), "env")
+                    .first()
+                    .and_then(|env| optional_attr(env.body(), "VAULT_ADDR"))
+                else {
+                    continue;
+                };
+                let what = format!("{file} task {}", label_text(&task.labels()[0]));
+                assert_eq!(raw(addr), "var.vault_addr", "{what}: VAULT_ADDR");
+                assert_eq!(
+                    scope["var.vault_addr"], daemon["var.vault_addr"],
+                    "{what}: vault_addr's default differs from the daemon's"
+                );
+                let config = block(task.body(), "config").body();
+                assert_eq!(
+                    raw(attr(config, "dns_servers")),
+                    "var.dns_servers",
+                    "{what}"
+                );
+                let dns = labelled(&body, "variable", &["dns_servers"]).body();
+                assert_eq!(raw(attr(dns, "type")), "list(string)", "{what}");
+                assert!(strings(attr(dns, "default")).is_empty(), "{what}");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 2, "only {checked} runner tasks unwrap at Vault");
+    let readme = read("README.md");
+    assert!(
+        readme.contains("dns_servers") && readme.contains("-var vault_addr="),
+        "the README does not say how a runner resolves vault_addr"
+    );
+}
+
+// ---- runner images ----
+
+/// The Forgejo runner job registers its labels as `<label>:host`, so steps run in its own
+/// container, and act starts a JavaScript action with the `node` on that PATH
+/// (pkg/runner/run_context.go GetNodeToolFullPath): Forgejo's image has none. The shipped
+/// nomad/runner/forgejo-runner.Dockerfile adds it (and curl) to the job file's own default
+/// image, and runs as the task's user; the job takes it through its image variable.
+#[test]
+fn the_forgejo_runner_image_for_uses_actions_adds_node_to_the_job_files_image() {
+    let file = "nomad/forgejo-runner.nomad.hcl";
+    let body = parse(file);
+    let scope = job_scope(&body);
+    let job = block(&body, "job").body();
+    let task = labelled(
+        labelled(job, "group", &["runner"]).body(),
+        "task",
+        &["runner"],
+    )
+    .body();
+    let config = block(task, "config").body();
+    assert_eq!(raw(attr(config, "image")), "var.image", "{file}");
+
+    let stages = dockerfile_at("nomad/runner/forgejo-runner.Dockerfile");
+    assert_eq!(stages.len(), 1);
+    let stage = &stages[0];
+    assert_eq!(
+        stage.base, scope["var.image"],
+        "the Dockerfile's base and the job's default image move together"
+    );
+    let installs = instruction(stage, "RUN").into_iter().any(|r| {
+        let words: Vec<&str> = r.split_whitespace().collect();
+        r.contains("apk add") && words.contains(&"nodejs") && words.contains(&"curl")
+    });
+    assert!(installs, "the image installs no nodejs and curl");
+    let users = instruction(stage, "USER");
+    let last = users.last().expect("a USER").split(':').next().unwrap();
+    assert_eq!(
+        last,
+        raw(attr(task, "user")),
+        "the image ends as the task's user"
+    );
+    // The entrypoint still turns bare labels into host labels: no docker:// label, which would
+    // need a Docker daemon.
+    let entrypoint = read("nomad/runner/entrypoint.sh");
+    assert!(entrypoint.contains(r#"[[ $label == *:* ]] || label="$label:host""#));
+}
+
+/// The actions-runner image gives its user passwordless sudo, so a workflow step can become
+/// root and read what the entrypoint keeps from other uids. A `no_new_privileges` job
+/// variable (off by default: `sudo apt-get` keeps working) sets Docker's no-new-privileges on
+/// the GitHub runner tasks (the Docker driver's `security_opt`); the vault-mode mint task,
+/// which holds the admin token and needs no sudo, always has it.
+#[test]
+fn runner_steps_can_be_kept_from_gaining_privileges() {
+    for file in [
+        "nomad/ci-runner.nomad.hcl",
+        "nomad/github-runner-vault.nomad.hcl",
+    ] {
+        let body = parse(file);
+        let variable = labelled(&body, "variable", &["no_new_privileges"]).body();
+        assert_eq!(raw(attr(variable, "type")), "bool", "{file}");
+        assert!(
+            matches!(attr(variable, "default"), Expression::Bool(false)),
+            "{file}: no_new_privileges must default to false"
+        );
+        let job = block(&body, "job").body();
+        let group = labelled(job, "group", &["runner"]).body();
+        let runner = labelled(group, "task", &["runner"]).body();
+        let option = attr(block(runner, "config").body(), "security_opt");
+        let Expression::Conditional(conditional) = option else {
+            panic!("{file}: security_opt is not var.no_new_privileges ? … : …: {option:?}");
+        };
+        assert_eq!(
+            raw(&conditional.cond_expr),
+            "var.no_new_privileges",
+            "{file}"
+        );
+        assert_eq!(
+            strings(&conditional.true_expr),
+            ["no-new-privileges"],
+            "{file}"
+        );
+        assert!(strings(&conditional.false_expr).is_empty(), "{file}");
+        if let Some(mint) = blocks(group, "task")
+            .into_iter()
+            .find(|t| label_text(&t.labels()[0]) == "mint")
+        {
+            let option = attr(block(mint.body(), "config").body(), "security_opt");
+            assert_eq!(
+                strings(option),
+                ["no-new-privileges"],
+                "{file}: the mint task"
+            );
+        }
+    }
+    assert!(read("README.md").contains("no_new_privileges"));
+}
+
+// ---- names the job files share with Terraform ----
+
+/// Every name a job file shares with Terraform is a job variable whose default is Terraform's
+/// (so one changed name is a -var on each side, and the defaults cannot drift apart), and the
+/// file uses the variable where the name matters.
+#[test]
+fn job_variables_that_mirror_terraform_variables_have_its_defaults() {
+    let tf = terraform();
+    let terraform = terraform_scope(&tf);
+    let mirrored: &[(&str, &[(&str, &str)])] = &[
+        (
+            DAEMON_JOB,
+            &[
+                ("namespace", "daemon_namespace"),
+                ("job_id", "daemon_job_id"),
+                ("runner_namespace", "runner_namespace"),
+                ("vault_role", "daemon_vault_role"),
+                ("vault_mount", "vault_kv_mount"),
+                ("github_app_vault_path", "github_app_vault_path"),
+                ("config_key", "config_key"),
+                ("pause_key", "pause_key"),
+                ("leader_key", "leader_key"),
+            ],
+        ),
+        (
+            "nomad/ci-runner.nomad.hcl",
+            &[
+                ("namespace", "runner_namespace"),
+                ("node_pool", "runner_node_pool"),
+            ],
+        ),
+        (
+            "nomad/forgejo-runner.nomad.hcl",
+            &[
+                ("namespace", "runner_namespace"),
+                ("node_pool", "runner_node_pool"),
+            ],
+        ),
+        (
+            "nomad/github-runner-vault.nomad.hcl",
+            &[
+                ("namespace", "vault_runner_namespace"),
+                ("node_pool", "runner_node_pool"),
+                ("vault_mount", "vault_kv_mount"),
+            ],
+        ),
+    ];
+    for (file, pairs) in mirrored {
+        let scope = job_scope(&parse(file));
+        for (job_var, tf_var) in *pairs {
+            assert_eq!(
+                scope.get(&format!("var.{job_var}")),
+                terraform.get(&format!("var.{tf_var}")),
+                "{file}: var.{job_var} and terraform var.{tf_var}"
+            );
+        }
+    }
+
+    // The vault-mode parent mirrors its entry of vault_mode_runners: the key is its role.
+    let file = "nomad/github-runner-vault.nomad.hcl";
+    let scope = job_scope(&parse(file));
+    let defaults = variable_defaults(&tf);
+    let entries = object_entries(&defaults["vault_mode_runners"]);
+    let (_, entry) = entries
+        .iter()
+        .find(|(key, _)| *key == scope["var.vault_role"])
+        .unwrap_or_else(|| panic!("{file}: no vault_mode_runners entry for its vault_role"));
+    let entry: BTreeMap<String, String> = object_entries(entry)
+        .into_iter()
+        .map(|(k, v)| (k, raw(v)))
+        .collect();
+    assert_eq!(scope["var.job_id"], entry["job_id"], "{file}");
+    assert_eq!(
+        scope["var.register_vault_path"], entry["register_path"],
+        "{file}"
+    );
+
+    // Where the names are used.
+    let daemon = parse(DAEMON_JOB);
+    let job = block(&daemon, "job").body();
+    assert_eq!(raw(attr(job, "id")), "var.job_id");
+    let task = block(block(job, "group").body(), "task").body();
+    assert_eq!(
+        raw(attr(block(task, "vault").body(), "role")),
+        "var.vault_role"
+    );
+    let env = block(task, "env").body();
+    for (name, variable) in [
+        ("RUNNER_SCALER_CONFIG_KEY", "var.config_key"),
+        ("RUNNER_SCALER_PAUSE_KEY", "var.pause_key"),
+        ("RUNNER_SCALER_LEADER_KEY", "var.leader_key"),
+        ("VAULT_MOUNT", "var.vault_mount"),
+    ] {
+        assert_eq!(raw(attr(env, name)), variable, "{DAEMON_JOB}: {name}");
+    }
+    let vault_mode = parse(file);
+    let job = block(&vault_mode, "job").body();
+    assert_eq!(raw(attr(job, "id")), "var.job_id");
+    let mint = labelled(
+        labelled(job, "group", &["runner"]).body(),
+        "task",
+        &["mint"],
+    )
+    .body();
+    assert_eq!(
+        raw(attr(block(mint, "vault").body(), "role")),
+        "var.vault_role"
+    );
+    let secret_read = templates(mint).into_iter().any(|t| {
+        raw(attr(t, "data")).contains("${var.vault_mount}/data/${var.register_vault_path}")
+    });
+    assert!(
+        secret_read,
+        "{file}: the admin token's path is not built from the variables"
+    );
+    for (file, body) in job_files() {
+        let job = block(&body, "job").body();
+        assert_eq!(raw(attr(job, "namespace")), "var.namespace", "{file}");
+        if file != DAEMON_JOB {
+            assert_eq!(raw(attr(job, "node_pool")), "var.node_pool", "{file}");
+        }
+    }
+}
+
+// ---- the daemon's job ----
+
+/// Each CA template of the daemon's job can be turned off (a `dynamic "template"` over a bool
+/// variable, on by default), reads the Variable of the job's own id, and fails on a missing
+/// key (error_on_missing_key) instead of writing an empty file the daemon would then refuse.
+#[test]
+fn the_daemons_ca_templates_are_optional_and_fail_on_a_missing_key() {
+    let body = parse(DAEMON_JOB);
+    let scope = job_scope(&body);
+    let job = block(&body, "job").body();
+    let task = block(block(job, "group").body(), "task").body();
+    for (key, switch, destination) in [
+        ("consul_ca", "render_consul_ca", "local/ca/consul.pem"),
+        ("vault_ca", "render_vault_ca", "local/ca/vault.pem"),
+    ] {
+        assert!(
+            blocks(task, "template")
+                .iter()
+                .all(|t| raw(attr(t.body(), "destination")) != destination),
+            "{destination} is rendered by a template that cannot be turned off"
+        );
+        let dynamic = blocks(task, "dynamic")
+            .into_iter()
+            .find(|d| {
+                label_text(&d.labels()[0]) == "template"
+                    && raw(attr(block(d.body(), "content").body(), "destination")) == destination
+            })
+            .unwrap_or_else(|| panic!("no dynamic template renders {destination}"));
+        assert_eq!(
+            raw(attr(dynamic.body(), "for_each")),
+            format!("var.{switch} ? [\"{key}\"] : []")
+        );
+        assert_eq!(scope[&format!("var.{switch}")], "true", "{switch}");
+        let content = block(dynamic.body(), "content").body();
+        assert!(
+            matches!(
+                attr(content, "error_on_missing_key"),
+                Expression::Bool(true)
+            ),
+            "{destination}: a missing {key} would render an empty file"
+        );
+        let data = raw(attr(content, "data"));
+        assert!(data.contains(&format!(".{key}")), "{data}");
+        assert!(
+            data.contains(r#"nomadVar (printf "nomad/jobs/%s" (env "NOMAD_JOB_ID"))"#),
+            "{destination}: the Variable's path does not follow the job id: {data}"
+        );
+    }
+}
+
+/// The daemon's image has no default (no published image is built from this checkout): the
+/// operator names the one the README's image section builds, and the variable's validation
+/// refuses `latest` and untagged names; the README's build tags a version.
+#[test]
+fn the_daemons_image_is_required_and_must_be_pinned() {
+    let body = parse(DAEMON_JOB);
+    let image = labelled(&body, "variable", &["image"]).body();
+    assert!(
+        optional_attr(image, "default").is_none(),
+        "a default image nothing builds"
+    );
+    let condition = raw(attr(block(image, "validation").body(), "condition"));
+    assert!(
+        condition.contains("var.image") && condition.contains("@sha256:"),
+        "{condition}"
+    );
+    let readme = read("README.md");
+    let section = readme_section(&readme, "### The image");
+    let tag = section
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("docker build -t "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("the image section builds with docker build -t");
+    assert_pinned(tag, "README's image section");
+}
+
+/// The README section that starts at `heading`, up to the next heading of its level or above.
+fn readme_section<'a>(readme: &'a str, heading: &str) -> &'a str {
+    let start = readme
+        .find(&format!("\n{heading}\n"))
+        .unwrap_or_else(|| panic!("the README has no {heading}"))
+        + 1;
+    let level = heading.split(' ').next().unwrap().len();
+    let rest = &readme[start + heading.len()..];
+    let mut end = rest.len();
+    let mut offset = 0;
+    let mut fenced = false;
+    for line in rest.split_inclusive('\n') {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        }
+        let hashes = line.chars().take_while(|c| *c == '#').count();
+        if !fenced && hashes > 0 && hashes <= level && line[hashes..].starts_with(' ') {
+            end = offset;
+            break;
+        }
+        offset += line.len();
+    }
+    &readme[start..start + heading.len() + end]
+}
+
+/// The README runs the daemon's job only after what it needs exists: Terraform's namespaces
+/// and roles and the CA Variable (deploy steps 2 and 3), never in the image section, which
+/// comes first.
+#[test]
+fn the_readme_runs_the_daemons_job_only_after_what_it_needs() {
+    let readme = read("README.md");
+    let image = readme_section(&readme, "### The image");
+    assert!(
+        !image.contains("nomad job run"),
+        "the image section runs a job before the namespaces exist: {image}"
+    );
+    let deploy = readme_section(&readme, "## Deploying on a real cluster");
+    // Each command with its `\`-continued lines, at the offset where it starts.
+    let mut commands: Vec<(usize, String)> = Vec::new();
+    let mut offset = 0;
+    let mut continued = false;
+    for line in deploy.split_inclusive('\n') {
+        let text = line.trim().trim_end_matches('\\').trim().to_string();
+        if continued {
+            let last = commands.last_mut().unwrap();
+            last.1.push(' ');
+            last.1.push_str(&text);
+        } else {
+            commands.push((offset, text));
+        }
+        continued = line.trim_end().ends_with('\\');
+        offset += line.len();
+    }
+    let (run, command) = commands
+        .iter()
+        .find(|(_, c)| c.contains("nomad job run") && c.contains("nomad/runner-scaler.nomad.hcl"))
+        .expect("the deploy steps run the daemon's job");
+    for needed in ["terraform apply", "nomad var put -namespace runner-scaler"] {
+        let at = deploy
+            .find(needed)
+            .unwrap_or_else(|| panic!("the deploy steps never say {needed}"));
+        assert!(at < *run, "the daemon's job runs before `{needed}`");
+    }
+    for var in [
+        "-var image=",
+        "daemon_nodes=",
+        "terraform -chdir=terraform output -json daemon_nodes",
+    ] {
+        assert!(command.contains(var), "{command}: no {var}");
+    }
+}
+
+/// The README names the address the daemon's job listens on, not another one.
+#[test]
+fn the_readme_names_the_listen_address_the_daemons_job_uses() {
+    let body = parse(DAEMON_JOB);
+    let job = block(&body, "job").body();
+    let task = block(block(job, "group").body(), "task").body();
+    let listen = raw(attr(block(task, "env").body(), "RUNNER_SCALER_LISTEN"));
+    let readme = read("README.md");
+    let metrics = readme_section(&readme, "## Metrics and health");
+    assert!(
+        metrics.contains(&format!("`{listen}`")),
+        "the metrics section does not name {listen}"
+    );
+    assert!(
+        !readme.contains("0.0.0.0:${NOMAD_PORT_http}"),
+        "the README names a listen address the job does not use"
+    );
+}
+
+/// The default JWKS URL names a host that `nomad tls cert create -server` puts in every server
+/// certificate (server.<region>.nomad, server.global.nomad, localhost and 127.0.0.1: hashicorp/
+/// nomad command/tls_cert_create.go, recordPreparation), and not loopback (the fetch comes from
+/// Vault's and Consul's servers).
+#[test]
+fn the_default_jwks_url_names_a_host_nomads_server_certificates_carry() {
+    let tf = terraform();
+    let scope = terraform_scope(&tf);
+    let url = &scope["var.nomad_jwks_url"];
+    let host = url
+        .strip_prefix("https://")
+        .and_then(|rest| rest.split([':', '/']).next())
+        .unwrap_or_else(|| panic!("{url}"));
+    assert_eq!(host, "server.global.nomad", "{url}");
+    assert!(url.ends_with("/.well-known/jwks.json"), "{url}");
+    let example = read("terraform/terraform.tfvars.example");
+    assert!(
+        example.contains(url.as_str()),
+        "the example names another JWKS URL"
+    );
+}
+
+/// Prometheus finds the daemon through Nomad's own service catalogue (the job's service has
+/// provider = "nomad"): the README's scrape config uses nomad_sd_configs in the daemon's
+/// namespace and keeps the job's service.
+#[test]
+fn the_readme_scrapes_the_daemon_through_nomad_service_discovery() {
+    let body = parse(DAEMON_JOB);
+    let scope = job_scope(&body);
+    let job = block(&body, "job").body();
+    let service = block(block(job, "group").body(), "service").body();
+    assert_eq!(raw(attr(service, "provider")), "nomad");
+    let name = raw(attr(service, "name"));
+
+    let readme = read("README.md");
+    let metrics = readme_section(&readme, "## Metrics and health");
+    let yaml = metrics
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the metrics section has a yaml block");
+    let config: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).expect("the block is YAML");
+    let scrape = &config["scrape_configs"][0];
+    let sd = &scrape["nomad_sd_configs"][0];
+    assert_eq!(
+        sd["namespace"].as_str(),
+        Some(scope["var.namespace"].as_str()),
+        "{yaml}"
+    );
+    assert!(
+        sd["server"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("https://"))
+    );
+    let keeps = scrape["relabel_configs"]
+        .as_sequence()
+        .expect("relabel_configs")
+        .iter()
+        .any(|r| {
+            r["action"].as_str() == Some("keep")
+                && r["source_labels"][0].as_str() == Some("__meta_nomad_service")
+                && r["regex"].as_str() == Some(name.as_str())
+        });
+    assert!(
+        keeps,
+        "the scrape config does not keep the {name} service: {yaml}"
     );
 }

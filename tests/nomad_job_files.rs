@@ -8,7 +8,8 @@ use std::path::PathBuf;
 
 use hcl::{Body, Expression, TemplateExpr};
 use support::hcl_files::{
-    attr, block, blocks, labelled, optional_attr, parse, parse_text, repo_path,
+    attr, block, blocks, evaluate_with_vars, labelled, optional_attr, parse, parse_text, repo_path,
+    templates,
 };
 
 fn text(expr: &Expression) -> String {
@@ -63,6 +64,27 @@ fn job(relative: &str) -> Body {
     block(&file, "job").body().clone()
 }
 
+/// A job file's variable, `var.<name>` as written in the file: its block.
+fn variable<'a>(file: &'a Body, name: &str) -> &'a Body {
+    labelled(file, "variable", &[name]).body()
+}
+
+/// The string an expression of `relative` stands for: a string as written, or a job variable
+/// (`var.x`) by its default.
+fn resolved(relative: &str, expr: &Expression) -> String {
+    match expr {
+        Expression::String(_) | Expression::TemplateExpr(_) => text(expr),
+        other => {
+            let source = hcl::format::to_string(other).expect("an expression formats");
+            let name = source
+                .trim()
+                .strip_prefix("var.")
+                .unwrap_or_else(|| panic!("{relative}: {source} is neither a string nor var.x"));
+            text(attr(variable(&parse(relative), name), "default"))
+        }
+    }
+}
+
 #[test]
 fn runner_parents_are_parameterized_batch_jobs_in_their_own_namespace() {
     for file in RUNNER_JOBS {
@@ -75,7 +97,7 @@ fn runner_parents_are_parameterized_batch_jobs_in_their_own_namespace() {
         } else {
             "ci-runners"
         };
-        assert_eq!(text(attr(&job, "namespace")), namespace, "{file}");
+        assert_eq!(resolved(file, attr(&job, "namespace")), namespace, "{file}");
         let parameterized = block(&job, "parameterized").body();
         let optional: BTreeSet<String> = strings(attr(parameterized, "meta_optional"))
             .into_iter()
@@ -240,10 +262,8 @@ fn every_runner_task_runs_the_shipped_entrypoint() {
             ["${NOMAD_TASK_DIR}/entrypoint.sh"],
             "{file}"
         );
-        let templates = blocks(&task, "template");
-        let template = templates
-            .iter()
-            .map(|t| t.body())
+        let template = templates(&task)
+            .into_iter()
             .find(|t| text(attr(t, "destination")) == "local/entrypoint.sh")
             .unwrap_or_else(|| panic!("{file}: no template renders local/entrypoint.sh"));
         let source = file_call(attr(template, "data"), file)
@@ -385,7 +405,10 @@ fn the_vault_mode_admin_token_goes_only_to_the_repo_the_job_file_names() {
         &std::fs::read_to_string(repo_path("terraform/runners-config.json")).unwrap(),
     )
     .unwrap();
-    let job_id = block(&parsed, "job").labels()[0].as_str().to_string();
+    // The job's id: its `id` attribute (a job variable) where it has one, else its label.
+    let job_id = optional_attr(job, "id")
+        .map(|id| resolved(file, id))
+        .unwrap_or_else(|| block(&parsed, "job").labels()[0].as_str().to_string());
     let served: Vec<String> = document
         .as_object()
         .unwrap()
@@ -413,6 +436,10 @@ fn runners_that_unwrap_at_an_https_vault_get_an_optional_ca_from_their_parents_v
         let Some(vault) = env_value(&env, "VAULT_ADDR") else {
             continue;
         };
+        let vault = match vault.strip_prefix("var.") {
+            Some(name) => text(attr(variable(&parse(file), name), "default")),
+            None => vault,
+        };
         if !vault.starts_with("https://") {
             continue;
         }
@@ -422,10 +449,8 @@ fn runners_that_unwrap_at_an_https_vault_get_an_optional_ca_from_their_parents_v
             .strip_prefix("${NOMAD_TASK_DIR}/")
             .map(|rest| format!("local/{rest}"))
             .unwrap_or_else(|| panic!("{file}: VAULT_CACERT {cacert} is not in the task dir"));
-        let templates = blocks(&task, "template");
-        let template = templates
-            .iter()
-            .map(|t| t.body())
+        let template = templates(&task)
+            .into_iter()
             .find(|t| text(attr(t, "destination")) == destination)
             .unwrap_or_else(|| panic!("{file}: no template renders {destination}"));
         let data = text(attr(template, "data"));
@@ -487,9 +512,9 @@ fn files_are_written_as_the_uid_that_reads_them() {
             }
             for task in &tasks {
                 let user = optional_attr(task.body(), "user").map(uid);
-                for template in blocks(task.body(), "template") {
+                for template in templates(task.body()) {
                     for key in ["uid", "gid"] {
-                        if let Some(owner) = optional_attr(template.body(), key) {
+                        if let Some(owner) = optional_attr(template, key) {
                             assert_eq!(
                                 Some(uid(owner)),
                                 user,
@@ -530,7 +555,11 @@ fn no_job_file_mounts_the_host_docker_socket_or_runs_latest() {
 #[test]
 fn runners_run_only_in_their_own_node_pool() {
     for file in RUNNER_JOBS {
-        assert_eq!(text(attr(&job(file), "node_pool")), "ci-runners", "{file}");
+        assert_eq!(
+            resolved(file, attr(&job(file), "node_pool")),
+            "ci-runners",
+            "{file}"
+        );
     }
 }
 
@@ -630,33 +659,113 @@ fn variable_default(name: &str) -> String {
     ))
 }
 
-#[test]
-fn the_consul_policy_reads_the_document_and_the_pause_key_and_writes_only_the_leader_lock() {
+/// The Consul policy's rules as Terraform renders them, with `daemon_nodes` set to `nodes` and
+/// every other variable at its default.
+fn consul_rules(nodes: &[&str]) -> Body {
     let consul = parse("terraform/consul.tf");
     let policy = labelled(
         &consul,
         "resource",
         &["consul_acl_policy", "runner_scaler_config"],
     );
-    // The rules name the keys through the variables the daemon's settings mirror.
-    let rules = text(attr(policy.body(), "rules"))
-        .replace("${var.config_key}", &variable_default("config_key"))
-        .replace("${var.pause_key}", &variable_default("pause_key"))
-        .replace("${var.leader_key}", &variable_default("leader_key"));
-    let rules = parse_text(&rules, "rules");
+    let mut vars = hcl::Map::new();
+    for key in ["config_key", "pause_key", "leader_key"] {
+        vars.insert(key.to_string(), hcl::Value::from(variable_default(key)));
+    }
+    vars.insert(
+        "daemon_nodes".to_string(),
+        hcl::Value::Array(nodes.iter().map(|n| hcl::Value::from(*n)).collect()),
+    );
+    let rules = evaluate_with_vars(
+        attr(policy.body(), "rules"),
+        hcl::Value::Object(vars),
+        "the Consul policy's rules",
+    );
+    parse_text(&rules, "rules")
+}
 
+#[test]
+fn the_consul_policy_reads_the_document_and_the_pause_key_and_writes_only_the_leader_lock() {
+    let rules = consul_rules(&["infra-1"]);
     assert_eq!(
         rules.blocks().count(),
         4,
-        "the document, the pause key, the lock key, sessions"
+        "the document, the pause key, the lock key, the node's sessions"
     );
     for read in ["runners/config", "runners/paused"] {
         let key = labelled(&rules, "key", &[read]);
         assert_eq!(text(attr(key.body(), "policy")), "read", "{read}");
     }
-    // The leader lock: `?acquire=`/`?release=` on its key, and a session on the agent's node.
+    // The leader lock: `?acquire=`/`?release=` on its key.
     let lock = labelled(&rules, "key", &["runners/leader"]);
     assert_eq!(text(attr(lock.body(), "policy")), "write");
-    let sessions = labelled(&rules, "session_prefix", &[""]);
-    assert_eq!(text(attr(sessions.body(), "policy")), "write");
+}
+
+/// Consul checks session:write on a session's node to create, renew or destroy it
+/// (agent/consul/session_endpoint.go), and a destroyed session with Behavior=delete deletes the
+/// keys it holds. So the daemon writes sessions on exactly its own nodes (Terraform's
+/// daemon_nodes: one exact `session` rule each, no `session_prefix`), and its job runs only on
+/// those nodes, matched from the same list.
+#[test]
+fn the_daemon_writes_sessions_only_on_the_nodes_its_job_is_pinned_to() {
+    let nodes = ["infra-1", "infra-2"];
+    let rules = consul_rules(&nodes);
+    assert!(
+        blocks(&rules, "session_prefix").is_empty(),
+        "session_prefix reaches other nodes' sessions: {}",
+        source(&rules)
+    );
+    let sessions: BTreeSet<String> = blocks(&rules, "session")
+        .iter()
+        .map(|b| {
+            assert_eq!(text(attr(b.body(), "policy")), "write");
+            b.labels()[0].as_str().to_string()
+        })
+        .collect();
+    assert_eq!(sessions, set(&nodes));
+
+    // Terraform's variable has no default (no node name is right everywhere) and refuses an
+    // empty list; its output is what the job takes.
+    let variables = parse("terraform/variables.tf");
+    let daemon_nodes = labelled(&variables, "variable", &["daemon_nodes"]).body();
+    assert!(optional_attr(daemon_nodes, "default").is_none());
+    assert!(
+        hcl::format::to_string(attr(block(daemon_nodes, "validation").body(), "condition"))
+            .unwrap()
+            .contains("length(var.daemon_nodes) > 0")
+    );
+    let outputs = parse("terraform/outputs.tf");
+    let output = labelled(&outputs, "output", &["daemon_nodes"]).body();
+    assert_eq!(
+        hcl::format::to_string(attr(output, "value"))
+            .unwrap()
+            .trim(),
+        "var.daemon_nodes"
+    );
+
+    // The daemon's job: a required list variable of the same name, matched against the
+    // client's node name. set_contains_any splits its value on commas (hashicorp/nomad
+    // scheduler/feasible.go checkSetContainsAny), so join(",", …) lists every node.
+    let file = "nomad/runner-scaler.nomad.hcl";
+    let parsed = parse(file);
+    let job_nodes = variable(&parsed, "daemon_nodes");
+    assert!(optional_attr(job_nodes, "default").is_none(), "{file}");
+    assert_eq!(
+        hcl::format::to_string(attr(job_nodes, "type"))
+            .unwrap()
+            .trim(),
+        "list(string)"
+    );
+    let job = job(file);
+    let pinned = blocks(&job, "constraint").into_iter().any(|c| {
+        let c = c.body();
+        text(attr(c, "attribute")) == "${node.unique.name}"
+            && text(attr(c, "operator")) == "set_contains_any"
+            && hcl::format::to_string(attr(c, "value")).unwrap().trim()
+                == "join(\",\", var.daemon_nodes)"
+    });
+    assert!(
+        pinned,
+        "{file}: no constraint pins the job to var.daemon_nodes"
+    );
 }
