@@ -135,6 +135,12 @@ variable "pause_key" {
   default     = "runners/paused"
 }
 
+variable "vault_children_cleanup" {
+  description = "Purge dead vault-mode children and stop unplaced surplus ones (--vault-children-cleanup). Set it with terraform var.nomad_vault_children_cleanup, which grants purge-job in the vault-mode namespace (Nomad >= 1.11.2)."
+  type        = bool
+  default     = false
+}
+
 variable "leader_key" {
   description = "Consul KV key of the leader lock (terraform var.leader_key, which the Consul policy lets the daemon write)."
   type        = string
@@ -268,6 +274,7 @@ job "runner-scaler" {
         RUNNER_SCALER_CONFIG_KEY    = var.config_key
         RUNNER_SCALER_PAUSE_KEY     = var.pause_key
         RUNNER_SCALER_LEADER_KEY    = var.leader_key
+        RUNNER_SCALER_VAULT_CHILDREN_CLEANUP = var.vault_children_cleanup
         GITHUB_APP_PRIVATE_KEY_FILE = "${NOMAD_SECRETS_DIR}/github-app.pem"
         # The host's network: bind the address Nomad gave the port, not every interface.
         RUNNER_SCALER_LISTEN = "${NOMAD_IP_http}:${NOMAD_PORT_http}"

@@ -46,28 +46,34 @@ resource "nomad_namespace" "vault_runners" {
 # - read-job: read a child and its allocations (GET /v1/job/<id>, …/allocations).
 # - dispatch-job: dispatch a parent (POST /v1/job/<id>/dispatch).
 # - submit-job: "Allows jobs to be submitted, updated, or stopped"; stopping and purging a
-#   child (DELETE /v1/job/<id>[?purge=true]) needs it on Nomad 1.x (`nomad job stop` requires
-#   submit-job and read-job, https://developer.hashicorp.com/nomad/commands/job/stop), which
-#   has no narrower capability. Nomad 2.0 splits submit-job (hashicorp/nomad#27287,
-#   acl/policy.go): Job.Deregister there accepts submit-job, purge-job, or deregister-job for
-#   a stop without purge. Those names are refused by 1.x servers, so this policy keeps the 1.x
-#   form; on a cluster whose servers all run 2.0, `deregister-job` + `purge-job` can replace
-#   submit-job in runner_namespace (no job registration at all), and `purge-job` alone would
-#   let the daemon purge dead vault-mode children without the power to register jobs there.
+#   child (DELETE /v1/job/<id>[?purge=true]) needs it before Nomad 1.11.2 (`nomad job stop`
+#   requires submit-job and read-job, https://developer.hashicorp.com/nomad/commands/job/stop).
+#   Nomad 1.11.2 split it (hashicorp/nomad#27287, backported to 1.11.x as #27390): Job.Deregister
+#   accepts submit-job, purge-job, or deregister-job for a stop without purge. Older servers
+#   refuse those names, so runner_namespace keeps submit-job.
 #
-# The trade-off in vault_runner_namespace (Nomad 1.x): without submit-job there, the daemon
-# cannot stop or purge vault-mode children. It never stops one whose allocation runs anyway (it has no runner
-# API in vault mode; a surplus runner ends itself through its idle timeout), and dead children
-# are removed by Nomad's batch job garbage collection (server `job_gc_threshold`, 4h by
-# default) instead of being purged at once. Nothing usable is left in them: the dispatch meta
-# carries no credential in vault mode (the parent refuses runner_token), and the JIT config the
-# prestart task minted was single-use and bound to that one runner.
+# vault_runner_namespace never gets submit-job: with it, the daemon could register a job with a
+# vault-mode parent's id and task name and read the admin token. Without anything more the
+# daemon cannot stop or purge vault-mode children there. It never stops one whose allocation
+# runs anyway (it has no runner API in vault mode; a surplus runner ends itself through its
+# idle timeout), and dead children are removed by Nomad's batch job garbage collection (server
+# `job_gc_threshold`, 4h by default) instead of being purged at once. Nothing usable is left in
+# them: the dispatch meta carries no credential in vault mode (the parent refuses
+# runner_token), and the JIT config the prestart task minted was single-use and bound to that
+# one runner. On Nomad >= 1.11.2, nomad_vault_children_cleanup adds purge-job there (which
+# stops and purges, and registers nothing) for the daemon's --vault-children-cleanup.
 #
 # The policy is attached to the daemon's task (job_acl: namespace, job id, group and task;
 # group and task since provider 2.0 and Nomad 1.4, matched against the workload identity's
 # claims in hashicorp/nomad nomad/auth/auth.go), so the task's workload identity
 # (`identity { env = true }` in nomad/runner-scaler.nomad.hcl) is its Nomad token and no other
 # task a later edit adds to the job gets it: no long-lived Nomad token exists for the daemon.
+locals {
+  # purge-job (Nomad >= 1.11.2) stops and purges a job and registers none: the daemon's
+  # --vault-children-cleanup. Never submit-job, register-job or deregister-job alone here.
+  vault_runner_capabilities = var.nomad_vault_children_cleanup ? "\"list-jobs\", \"read-job\", \"dispatch-job\", \"purge-job\"" : "\"list-jobs\", \"read-job\", \"dispatch-job\""
+}
+
 resource "nomad_acl_policy" "runner_scaler" {
   name        = "runner-scaler"
   description = "runner-scaler: list, read and dispatch runner children; stop and purge them where no job holds a Vault role"
@@ -76,7 +82,7 @@ resource "nomad_acl_policy" "runner_scaler" {
       capabilities = ["list-jobs", "read-job", "dispatch-job", "submit-job"]
     }
     namespace "${var.vault_runner_namespace}" {
-      capabilities = ["list-jobs", "read-job", "dispatch-job"]
+      capabilities = [${local.vault_runner_capabilities}]
     }
   EOT
 

@@ -179,9 +179,25 @@ variable "github_app_vault_path" {
 }
 
 variable "daemon_secret_paths" {
-  description = "Paths under vault_kv_mount the daemon reads, field `token` at each: every vault-mode repo's `vaultPath` (its polling token) and every Forgejo repo's `vaultPath` (its API token). Exact paths: never a registerVaultPath, never a prefix."
+  description = "Paths under vault_kv_mount the daemon reads, field `token` at each: every vault-mode repo's `vaultPath` (its polling token) and every Forgejo repo's `vaultPath` (its API token and the `url` it is for). Exact paths: never a registerVaultPath, never a prefix or glob."
   type        = list(string)
   default     = ["github/moat-poll", "forgejo/scaler"]
+
+  # Vault reads `*` at the end of a policy path and `+` in a segment as globs: one such entry
+  # could cover an admin token's path, which the daemon must never read.
+  validation {
+    condition = alltrue([
+      for path in var.daemon_secret_paths :
+      can(regex("^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$", path)) && !contains(split("/", path), "..") && !contains(split("/", path), ".")
+    ])
+    error_message = "Each daemon_secret_paths entry is one exact secret path, e.g. \"github/moat-poll\": no *, +, leading or trailing /, empty, . or .. segment."
+  }
+}
+
+variable "nomad_vault_children_cleanup" {
+  description = "Grant the daemon purge-job in vault_runner_namespace, so that it purges dead vault-mode children and stops unplaced surplus ones (start it with --vault-children-cleanup, the job variable vault_children_cleanup). Only where every Nomad server runs 1.11.2 or later: older servers refuse a policy naming purge-job, and submit-job, the older way, would let the daemon register a job under the admin token's Vault role."
+  type        = bool
+  default     = false
 }
 
 variable "vault_mode_runners" {

@@ -43,6 +43,15 @@ data "vault_policy_document" "runner_scaler" {
 resource "vault_policy" "runner_scaler" {
   name   = "runner-scaler"
   policy = data.vault_policy_document.runner_scaler.hcl
+
+  lifecycle {
+    # A path the daemon reads that is also a vault-mode runner's registerVaultPath would hand
+    # the daemon that repo's admin token; the daemon refuses such a repo at run time too.
+    precondition {
+      condition     = length(setintersection(toset(var.daemon_secret_paths), toset([for runner in var.vault_mode_runners : runner.register_path]))) == 0
+      error_message = "daemon_secret_paths names a register_path of vault_mode_runners: the daemon must never be able to read a repo's admin token."
+    }
+  }
 }
 
 # Read by the prestart task of each vault-mode parent (nomad/github-runner-vault.nomad.hcl),

@@ -1905,3 +1905,76 @@ fn the_readme_scrapes_the_daemon_through_nomad_service_discovery() {
         "the scrape config does not keep the {name} service: {yaml}"
     );
 }
+
+/// The capabilities of a Nomad rule's `capabilities = [...]` list written as a string.
+fn capability_list(quoted: &str) -> Vec<String> {
+    let body = parse_text(&format!("capabilities = [{quoted}]"), "capabilities");
+    strings(attr(&body, "capabilities"))
+}
+
+#[test]
+fn vault_children_cleanup_grants_purge_job_and_nothing_that_registers_a_job() {
+    let tf = terraform();
+    let local = blocks(&tf, "locals")
+        .into_iter()
+        .flat_map(|l| l.body().attributes())
+        .find(|a| a.key() == "vault_runner_capabilities")
+        .expect("local.vault_runner_capabilities")
+        .expr()
+        .clone();
+    let Expression::Conditional(conditional) = local else {
+        panic!("vault_runner_capabilities is not conditional on the setting");
+    };
+    assert_eq!(
+        raw(&conditional.cond_expr).trim(),
+        "var.nomad_vault_children_cleanup"
+    );
+    let on = capability_list(&raw(&conditional.true_expr));
+    let off = capability_list(&raw(&conditional.false_expr));
+    assert!(on.contains(&"purge-job".to_string()), "{on:?}");
+    assert!(!off.contains(&"purge-job".to_string()), "{off:?}");
+    for capability in ["submit-job", "register-job", "revert-job", "write"] {
+        assert!(!on.contains(&capability.to_string()), "{capability} in {on:?}");
+    }
+    // Off by default, in Terraform and in the daemon's job, which passes its setting on.
+    let defaults = variable_defaults(&tf);
+    assert_eq!(raw(&defaults["nomad_vault_children_cleanup"]), "false");
+    let job = read("nomad/runner-scaler.nomad.hcl");
+    assert!(
+        job.contains("RUNNER_SCALER_VAULT_CHILDREN_CLEANUP = var.vault_children_cleanup"),
+        "the daemon's job does not pass vault_children_cleanup"
+    );
+}
+
+#[test]
+fn daemon_secret_paths_refuses_globs_and_any_admin_tokens_path() {
+    let tf = terraform();
+    let variable = labelled(&tf, "variable", &["daemon_secret_paths"]);
+    let condition = raw(attr(block(variable.body(), "validation").body(), "condition"));
+    let pattern = condition
+        .split("regex(\"")
+        .nth(1)
+        .and_then(|rest| rest.split("\",").next())
+        .expect("the validation holds each path against a regex")
+        .replace("\\\\", "\\");
+    let pattern = regex::Regex::new(&pattern).expect("an RE2-compatible pattern");
+    for exact in ["github/moat-poll", "forgejo/scaler", "a/b.c/d_e-f"] {
+        assert!(pattern.is_match(exact), "{exact} refused");
+    }
+    for glob in ["github/*", "github/+/x", "*", "/github/x", "github/", "github//x", ""] {
+        assert!(!pattern.is_match(glob), "{glob:?} accepted");
+    }
+    for segment in ["\"..\"", "\".\""] {
+        assert!(condition.contains(segment), "no check of {segment} segments");
+    }
+    // A daemon path that is a vault-mode runner's register_path fails the plan.
+    let policy = resource(&tf, "vault_policy", "runner_scaler");
+    let precondition = block(block(policy.body(), "lifecycle").body(), "precondition");
+    let check = raw(attr(precondition.body(), "condition"));
+    assert!(
+        check.contains("var.daemon_secret_paths")
+            && check.contains("register_path")
+            && check.contains("setintersection"),
+        "{check}"
+    );
+}
