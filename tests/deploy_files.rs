@@ -1934,7 +1934,10 @@ fn vault_children_cleanup_grants_purge_job_and_nothing_that_registers_a_job() {
     assert!(on.contains(&"purge-job".to_string()), "{on:?}");
     assert!(!off.contains(&"purge-job".to_string()), "{off:?}");
     for capability in ["submit-job", "register-job", "revert-job", "write"] {
-        assert!(!on.contains(&capability.to_string()), "{capability} in {on:?}");
+        assert!(
+            !on.contains(&capability.to_string()),
+            "{capability} in {on:?}"
+        );
     }
     // Off by default, in Terraform and in the daemon's job, which passes its setting on.
     let defaults = variable_defaults(&tf);
@@ -1950,7 +1953,10 @@ fn vault_children_cleanup_grants_purge_job_and_nothing_that_registers_a_job() {
 fn daemon_secret_paths_refuses_globs_and_any_admin_tokens_path() {
     let tf = terraform();
     let variable = labelled(&tf, "variable", &["daemon_secret_paths"]);
-    let condition = raw(attr(block(variable.body(), "validation").body(), "condition"));
+    let condition = raw(attr(
+        block(variable.body(), "validation").body(),
+        "condition",
+    ));
     let pattern = condition
         .split("regex(\"")
         .nth(1)
@@ -1961,11 +1967,22 @@ fn daemon_secret_paths_refuses_globs_and_any_admin_tokens_path() {
     for exact in ["github/moat-poll", "forgejo/scaler", "a/b.c/d_e-f"] {
         assert!(pattern.is_match(exact), "{exact} refused");
     }
-    for glob in ["github/*", "github/+/x", "*", "/github/x", "github/", "github//x", ""] {
+    for glob in [
+        "github/*",
+        "github/+/x",
+        "*",
+        "/github/x",
+        "github/",
+        "github//x",
+        "",
+    ] {
         assert!(!pattern.is_match(glob), "{glob:?} accepted");
     }
     for segment in ["\"..\"", "\".\""] {
-        assert!(condition.contains(segment), "no check of {segment} segments");
+        assert!(
+            condition.contains(segment),
+            "no check of {segment} segments"
+        );
     }
     // A daemon path that is a vault-mode runner's register_path fails the plan.
     let policy = resource(&tf, "vault_policy", "runner_scaler");
