@@ -15,7 +15,9 @@ use runner_scaler::metrics::Metrics;
 use runner_scaler::model::RepoName;
 use runner_scaler::serve::spawn;
 use runner_scaler::webhook::signature::sign;
-use runner_scaler::webhook::{BODY_MAX, Hints, Receiver, WebhookSecrets, bind, router};
+use runner_scaler::webhook::{
+    Hints, Receiver, WEBHOOK_BODY_MAX_BYTES, WebhookSecrets, bind, router,
+};
 use secrecy::SecretString;
 use support::fixtures::fixture_text;
 use support::twins::{config, repo};
@@ -98,6 +100,13 @@ fn queued_payload() -> String {
 fn payload_for(full_name: &str) -> String {
     let mut value: serde_json::Value = serde_json::from_str(&queued_payload()).unwrap();
     value["repository"]["full_name"] = full_name.into();
+    value.to_string()
+}
+
+/// [`payload_for`] about job `job_id`: another event, so another body (and digest).
+fn job_payload(full_name: &str, job_id: u64) -> String {
+    let mut value: serde_json::Value = serde_json::from_str(&payload_for(full_name)).unwrap();
+    value["workflow_job"]["id"] = job_id.into();
     value.to_string()
 }
 
@@ -229,6 +238,130 @@ async fn a_repeated_delivery_gives_no_second_hint() {
     served.assert_no_hint();
 }
 
+/// Takes the first hint's three polls (at once, +2 s, +5 s), leaving the board empty.
+fn take_first_hint(served: &Served) {
+    for ms in [0, 2_000, 5_000] {
+        assert_eq!(served.hints.take_due(at(ms)), vec![repo(FIXTURE_REPO)]);
+    }
+    served.assert_no_hint();
+}
+
+/// The signature covers the body only: a captured delivery replayed under a fresh id is still
+/// signed right, and must not cost another full read of the repo.
+#[tokio::test]
+async fn the_same_signed_body_under_a_new_id_gives_no_second_hint() {
+    let served = serve().await;
+    let body = queued_payload();
+    let (status, _) = served
+        .github("workflow_job", "d-1", &body, GITHUB_SECRET)
+        .await;
+    assert_eq!(status, 202);
+    take_first_hint(&served);
+    for id in ["d-2", "72d3162e-cc78-11e3-81ab-4c9367dc0958"] {
+        let (status, outcome) = served
+            .github("workflow_job", id, &body, GITHUB_SECRET)
+            .await;
+        // 2xx: GitHub should not retry what it would only be refused again.
+        assert_eq!((status, outcome.as_str()), (200, "duplicate"), "{id}");
+    }
+    assert_eq!(served.count("github", "duplicate"), 2);
+    served.assert_no_hint();
+}
+
+#[tokio::test]
+async fn another_event_under_a_new_id_is_a_hint() {
+    let served = serve().await;
+    let (status, _) = served
+        .github("workflow_job", "d-1", &queued_payload(), GITHUB_SECRET)
+        .await;
+    assert_eq!(status, 202);
+    take_first_hint(&served);
+    // The next hint of the same repo is due 2 s after the last one served.
+    let (status, outcome) = served
+        .github(
+            "workflow_job",
+            "d-2",
+            &job_payload(FIXTURE_REPO, 2),
+            GITHUB_SECRET,
+        )
+        .await;
+    assert_eq!((status, outcome.as_str()), (202, "accepted"));
+    assert!(
+        served.hints.next_due().is_some(),
+        "a new event was taken for a replay"
+    );
+}
+
+#[tokio::test]
+async fn a_signed_delivery_without_an_id_is_refused_with_400_and_changes_nothing() {
+    let served = serve().await;
+    let body = queued_payload();
+    let signature = format!("sha256={}", sign(GITHUB_SECRET, body.as_bytes()));
+    let (status, outcome) = served
+        .post(
+            "/webhook/github",
+            &[
+                ("X-GitHub-Event", "workflow_job"),
+                ("X-Hub-Signature-256", &signature),
+            ],
+            body.clone().into_bytes(),
+        )
+        .await;
+    assert_eq!((status, outcome.as_str()), (400, "bad_delivery_id"));
+    // An empty id is no id.
+    let (status, _) = served
+        .github("workflow_job", "", &body, GITHUB_SECRET)
+        .await;
+    assert_eq!(status, 400);
+    assert_eq!(served.count("github", "bad_delivery_id"), 2);
+    served.assert_no_hint();
+    // Nothing was remembered: the same body under an id of its own is the first sighting.
+    let (status, _) = served
+        .github("workflow_job", "d-1", &body, GITHUB_SECRET)
+        .await;
+    assert_eq!(status, 202);
+}
+
+#[tokio::test]
+async fn a_delivery_id_no_forge_sends_is_refused_with_400_and_changes_nothing() {
+    let served = serve().await;
+    let body = queued_payload();
+    let longest = "d".repeat(128);
+    let too_long = "d".repeat(129);
+    for id in [too_long.as_str(), "d 1", "d-\u{e9}t\u{e9}"] {
+        let (status, outcome) = served
+            .github("workflow_job", id, &body, GITHUB_SECRET)
+            .await;
+        assert_eq!(
+            (status, outcome.as_str()),
+            (400, "bad_delivery_id"),
+            "{id:?}"
+        );
+    }
+    served.assert_no_hint();
+    // Forgejo's and Gitea's delivery headers are held to the same rule.
+    let tag = sign(FORGEJO_SECRET, body.as_bytes());
+    for delivery_header in ["X-Forgejo-Delivery", "X-Gitea-Delivery"] {
+        let (status, _) = served
+            .post(
+                "/webhook/forgejo",
+                &[
+                    ("X-Forgejo-Event", "workflow_job_waiting"),
+                    (delivery_header, &too_long),
+                    ("X-Forgejo-Signature", &tag),
+                ],
+                body.clone().into_bytes(),
+            )
+            .await;
+        assert_eq!(status, 400, "{delivery_header}");
+    }
+    served.assert_no_hint();
+    let (status, _) = served
+        .github("workflow_job", &longest, &body, GITHUB_SECRET)
+        .await;
+    assert_eq!(status, 202, "a 128-character id is taken");
+}
+
 #[tokio::test]
 async fn an_oversized_body_is_refused_with_413_and_changes_nothing() {
     let served = serve().await;
@@ -242,7 +375,7 @@ async fn an_oversized_body_is_refused_with_413_and_changes_nothing() {
         assert_eq!(body.len(), len);
         body
     };
-    let over = padded(BODY_MAX + 1);
+    let over = padded(WEBHOOK_BODY_MAX_BYTES + 1);
     let (status, outcome) = served
         .github("workflow_job", "d-big", &over, GITHUB_SECRET)
         .await;
@@ -251,7 +384,12 @@ async fn an_oversized_body_is_refused_with_413_and_changes_nothing() {
     served.assert_no_hint();
     // ...while one exactly at the cap is read.
     let (status, _) = served
-        .github("workflow_job", "d-cap", &padded(BODY_MAX), GITHUB_SECRET)
+        .github(
+            "workflow_job",
+            "d-cap",
+            &padded(WEBHOOK_BODY_MAX_BYTES),
+            GITHUB_SECRET,
+        )
         .await;
     assert_eq!(status, 202);
 }
@@ -324,9 +462,8 @@ async fn forgejo_signs_with_bare_hex_and_names_its_job_events_by_state() {
             ("X-Forgejo-Signature", signature),
         ]
     };
-    let post = |headers: Vec<(&'static str, String)>| {
+    let post_body = |headers: Vec<(&'static str, String)>, body: String| {
         let served = &served;
-        let body = body.clone();
         async move {
             let headers: Vec<(&str, &str)> =
                 headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
@@ -335,6 +472,7 @@ async fn forgejo_signs_with_bare_hex_and_names_its_job_events_by_state() {
                 .await
         }
     };
+    let post = |headers: Vec<(&'static str, String)>| post_body(headers, body.clone());
     // GitHub's `sha256=` prefix is not Forgejo's format.
     let (status, _) = post(forgejo(
         "workflow_job_waiting",
@@ -354,18 +492,28 @@ async fn forgejo_signs_with_bare_hex_and_names_its_job_events_by_state() {
     let (status, outcome) = post(forgejo("workflow_job_waiting", "f-1", tag.clone())).await;
     assert_eq!((status, outcome.as_str()), (202, "accepted"));
     assert_eq!(served.hints.take_due(t0()), vec![repo("forge/builds")]);
-    // Gitea's names of the same headers are read when Forgejo's are absent.
-    let (status, _) = post(vec![
-        ("X-Gitea-Event", "workflow_job".into()),
-        ("X-Gitea-Delivery", "f-2".into()),
-        ("X-Gitea-Signature", tag.clone()),
-    ])
+    // Gitea's names of the same headers are read when Forgejo's are absent (another job's
+    // event: the same body again would be a replay).
+    let other_job = job_payload("forge/builds", 2);
+    let (status, _) = post_body(
+        vec![
+            ("X-Gitea-Event", "workflow_job".into()),
+            ("X-Gitea-Delivery", "f-2".into()),
+            (
+                "X-Gitea-Signature",
+                sign(FORGEJO_SECRET, other_job.as_bytes()),
+            ),
+        ],
+        other_job,
+    )
     .await;
     assert_eq!(status, 202);
     // Neither a job nor a run: nothing to look at.
-    for (event, delivery) in [("push", "f-3"), ("workflow_jobs", "f-4")] {
+    for (event, delivery, job) in [("push", "f-3", 3), ("workflow_jobs", "f-4", 4)] {
+        let body = job_payload("forge/builds", job);
+        let tag = sign(FORGEJO_SECRET, body.as_bytes());
         assert_eq!(
-            post(forgejo(event, delivery, tag.clone())).await,
+            post_body(forgejo(event, delivery, tag), body).await,
             (200, "ignored_event".to_string())
         );
     }
@@ -378,17 +526,24 @@ async fn forgejo_run_events_and_repos_named_under_the_run_are_hints() {
     let served = serve().await;
     // Forgejo's run events (`workflow_run_*`, and `action_run_*` of older releases) and the
     // job events of later releases name the repo only under `run`.
-    let under_run = serde_json::json!({
-        "action": "run_status_changed",
-        "run": { "id": 7, "status": "waiting", "repository": { "full_name": "forge/builds" } },
-    })
-    .to_string();
+    // One run per event: each is an event of its own (the same body twice is a replay).
+    let under_run = |run: u64| {
+        serde_json::json!({
+            "action": "run_status_changed",
+            "run": {
+                "id": run,
+                "status": "waiting",
+                "repository": { "full_name": "forge/builds" },
+            },
+        })
+        .to_string()
+    };
     let without_repo =
         serde_json::json!({ "action": "new_job_attempt", "job": { "id": 3 } }).to_string();
     let deliveries = [
-        ("workflow_run_waiting", &under_run, 202, "accepted"),
-        ("workflow_job_waiting", &under_run, 202, "accepted"),
-        ("action_run_success", &under_run, 202, "accepted"),
+        ("workflow_run_waiting", &under_run(7), 202, "accepted"),
+        ("workflow_job_waiting", &under_run(8), 202, "accepted"),
+        ("action_run_success", &under_run(9), 202, "accepted"),
         ("workflow_job_waiting", &without_repo, 400, "malformed"),
     ];
     for (i, (event, body, status, outcome)) in deliveries.into_iter().enumerate() {

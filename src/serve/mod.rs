@@ -3,8 +3,12 @@
 //! Read-only: every handler reads [`Metrics`], the last tick's view the loop published and
 //! the clock; none reaches the loop or a service, so a request can neither slow a tick nor
 //! trigger one.
+//!
+//! Both listeners serve through [`listener`]: HTTP/1.1 only, one request per connection,
+//! header and request deadlines, a connection cap, and a shutdown that waits for nobody idle.
 
 pub mod health;
+pub mod listener;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -103,7 +107,9 @@ pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, String> {
         .map_err(|e| format!("listen on {addr} (--listen, RUNNER_SCALER_LISTEN): {e}"))
 }
 
-/// Serves `router` on `listener` until `shutdown` completes; `what` names it in an error
+/// Serves `router` on `listener` under the shipped [`listener::Limits`] until `shutdown`
+/// completes, then until its connections have ended (idle ones at once, a request in flight
+/// within [`listener::SHUTDOWN_GRACE`]); `what` names it in log lines
 /// (`/metrics, /livez and /healthz`, `webhooks`).
 pub fn spawn(
     what: &'static str,
@@ -111,12 +117,11 @@ pub fn spawn(
     router: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router)
-            .with_graceful_shutdown(shutdown)
-            .await
-        {
-            tracing::error!("serve {what}: {e}");
-        }
-    })
+    listener::spawn(
+        what,
+        listener,
+        router,
+        listener::Limits::default(),
+        shutdown,
+    )
 }

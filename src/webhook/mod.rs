@@ -6,7 +6,7 @@
 //! webhook costs at most a poll interval, never a wrong dispatch.
 //!
 //! - [`signature`]: HMAC-SHA256 over the raw body, in constant time;
-//! - [`deliveries`]: delivery ids seen in the last ten minutes;
+//! - [`deliveries`]: delivery ids and body digests seen in the last ten minutes;
 //! - [`hints`]: the schedule of re-polls and the port the control loop consumes;
 //! - [`receiver`]: the axum routes.
 
@@ -16,7 +16,7 @@ pub mod receiver;
 pub mod signature;
 
 pub use hints::{Hints, Offered, WebhookForge};
-pub use receiver::{BODY_MAX, Receiver, bind, router};
+pub use receiver::{Receiver, WEBHOOK_BODY_MAX_BYTES, bind, router};
 
 use secrecy::SecretString;
 
