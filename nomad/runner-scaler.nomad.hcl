@@ -278,6 +278,8 @@ job "runner-scaler" {
         GITHUB_APP_PRIVATE_KEY_FILE = "${NOMAD_SECRETS_DIR}/github-app.pem"
         # The host's network: bind the address Nomad gave the port, not every interface.
         RUNNER_SCALER_LISTEN = "${NOMAD_IP_http}:${NOMAD_PORT_http}"
+        # Required off loopback: the daemon refuses to start (exit 64) without it.
+        RUNNER_SCALER_LISTEN_TOKEN_FILE = "${NOMAD_SECRETS_DIR}/listen-token"
       }
 
       # Secrets come from files or the environment, never from flags (they would show in
@@ -318,6 +320,21 @@ job "runner-scaler" {
       # Nomad >= 1.5): by default consul-template renders a missing key as its zero value
       # (missingkey=zero), an empty file the daemon would only refuse later, at start ("no PEM
       # certificate in it"), far from the Variable at fault.
+      # The bearer token /status and /metrics require: the job listens on the node's address,
+      # where runner job steps or anything else on the network could read private repo names
+      # and child ids. /livez (the service check) and /healthz stay open. Prometheus presents
+      # the same token (README: Metrics and health).
+      template {
+        destination          = "secrets/listen-token"
+        perms                = "0400"
+        uid                  = 65532
+        gid                  = 65532
+        change_mode          = "restart"
+        error_on_missing_key = true
+        data                 = <<-EOT
+          {{- with nomadVar (printf "nomad/jobs/%s" (env "NOMAD_JOB_ID")) }}{{ .listen_token }}{{ end -}}
+        EOT
+      }
       dynamic "template" {
         for_each = var.render_consul_ca ? ["consul_ca"] : []
         content {

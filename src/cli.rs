@@ -23,7 +23,9 @@ Secrets are read only from the environment, never from flags:
   (GITHUB_APP_PRIVATE_KEY_FILE, or GITHUB_APP_VAULT_PATH for a key kept in Vault).
   NOMAD_TOKEN_FILE, CONSUL_HTTP_TOKEN_FILE and VAULT_TOKEN_FILE name files to read instead.
   With --webhook-listen: GITHUB_WEBHOOK_SECRET (or a webhook_secret field at
-  GITHUB_APP_VAULT_PATH) and FORGEJO_WEBHOOK_SECRET, or their *_FILE variants.";
+  GITHUB_APP_VAULT_PATH) and FORGEJO_WEBHOOK_SECRET, or their *_FILE variants.
+  RUNNER_SCALER_LISTEN_TOKEN(_FILE): the bearer token /status and /metrics require
+  (needed when --listen is not loopback), which `status` presents too.";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -363,6 +365,10 @@ pub struct DaemonArgs {
 /// Reads a secret from `VAR`, or from the file `VAR_FILE` names. `Ok(None)` when neither is
 /// set; an error (naming the variable, never the value) when both are, or the file is
 /// unreadable or empty.
+/// The bearer token `/status` and `/metrics` on `--listen` require, and `status` presents
+/// (or `RUNNER_SCALER_LISTEN_TOKEN_FILE`): required when `--listen` is not loopback.
+pub const LISTEN_TOKEN_VAR: &str = "RUNNER_SCALER_LISTEN_TOKEN";
+
 pub fn read_secret(var: &str) -> Result<Option<SecretString>, String> {
     let direct = std::env::var(var).ok().filter(|v| !v.is_empty());
     let file_var = format!("{var}_FILE");

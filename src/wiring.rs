@@ -7,7 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use secrecy::SecretString;
+use secrecy::{ExposeSecret, SecretString};
 use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
 
@@ -346,17 +346,24 @@ async fn daemon(args: DaemonArgs, dry_run: bool) -> ExitCode {
         Ok(built) => built,
         Err(e) => return bad_settings(e),
     };
+    let read_token = match crate::cli::read_secret(crate::cli::LISTEN_TOKEN_VAR) {
+        Ok(token) => token.as_ref().map(crate::serve::ReadToken::new),
+        Err(e) => return bad_settings(e),
+    };
     // Bound before anything starts: a port in use is a bad setting, reported at once.
     let listener = match args.listen_addr() {
-        Ok(Some(addr)) => match crate::serve::bind(addr).await {
-            Ok(listener) => {
-                // The bound address, not the setting: port 0 picks one.
-                if let Ok(bound) = listener.local_addr() {
-                    info!(listen = %bound, "serving /metrics, /livez, /healthz and /status");
+        Ok(Some(addr)) => match crate::serve::exposure_problem(addr, read_token.as_ref()) {
+            Some(problem) => return bad_settings(problem),
+            None => match crate::serve::bind(addr).await {
+                Ok(listener) => {
+                    // The bound address, not the setting: port 0 picks one.
+                    if let Ok(bound) = listener.local_addr() {
+                        info!(listen = %bound, "serving /metrics, /livez, /healthz and /status");
+                    }
+                    Some(listener)
                 }
-                Some(listener)
-            }
-            Err(e) => return bad_settings(e),
+                Err(e) => return bad_settings(e),
+            },
         },
         Ok(None) => None,
         Err(e) => return bad_settings(e),
@@ -392,9 +399,10 @@ async fn daemon(args: DaemonArgs, dry_run: bool) -> ExitCode {
             clock: Arc::new(crate::clock::SystemClock),
             last_tick,
             role,
+            read_token,
         };
         crate::serve::spawn(
-            "/metrics, /livez and /healthz",
+            "/metrics, /livez, /healthz and /status",
             listener,
             crate::serve::router(endpoints),
             stopped(stop_rx.clone()),
@@ -580,11 +588,32 @@ async fn live_status(addr: &url::Url, json: bool) -> Result<String, String> {
         url.set_query(Some("format=text"));
     }
     let doing = format!("read the status at {}", url.path());
-    let response =
-        client.get(url).send().await.map_err(|e| {
-            crate::clients::http::transport_error("runner-scaler", &doing, &e).message
-        })?;
+    let mut request = client.get(url);
+    if let Some(token) = crate::cli::read_secret(crate::cli::LISTEN_TOKEN_VAR)? {
+        // A sensitive header value: never shown by a Debug of the request.
+        let mut bearer =
+            reqwest::header::HeaderValue::from_str(&format!("Bearer {}", token.expose_secret()))
+                .map_err(|_| {
+                    format!(
+                        "{} is not a valid header value",
+                        crate::cli::LISTEN_TOKEN_VAR
+                    )
+                })?;
+        bearer.set_sensitive(true);
+        request = request.header(reqwest::header::AUTHORIZATION, bearer);
+    }
+    let response = request
+        .send()
+        .await
+        .map_err(|e| crate::clients::http::transport_error("runner-scaler", &doing, &e).message)?;
     let status = response.status();
+    if status == reqwest::StatusCode::UNAUTHORIZED {
+        return Err(format!(
+            "{doing}: 401: the daemon requires its listen token: set {}_FILE to the file the \
+             daemon reads",
+            crate::cli::LISTEN_TOKEN_VAR
+        ));
+    }
     if !status.is_success() {
         return Err(format!("{doing}: {status}"));
     }

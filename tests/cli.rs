@@ -242,6 +242,7 @@ fn help_of_run_and_once_never_shows_environment_values_or_a_secret_flag() {
         ("GITHUB_APP_ID", "canary-app-id-7070"),
         ("GITHUB_APP_PRIVATE_KEY_FILE", key_file),
         ("GITHUB_APP_VAULT_PATH", "canary/app-path-3131"),
+        ("RUNNER_SCALER_LISTEN_TOKEN", "canary-listen-token-4848"),
     ];
     for subcommand in ["run", "once", "status"] {
         let output = run(&[subcommand, "--help"], &env);

@@ -1995,3 +1995,55 @@ fn daemon_secret_paths_refuses_globs_and_any_admin_tokens_path() {
         "{check}"
     );
 }
+
+#[test]
+fn the_daemons_job_off_loopback_reads_a_listen_token_only_it_can_read() {
+    let file = parse(DAEMON_JOB);
+    let scope = job_scope(&file);
+    let job = block(&file, "job").body();
+    let task = block(block(job, "group").body(), "task").body();
+    let env: BTreeMap<String, String> = block(task, "env")
+        .body()
+        .attributes()
+        .map(|a| (a.key().to_string(), resolve(a.expr(), &scope, a.key())))
+        .collect();
+    // Not loopback: the daemon refuses to start without the token (exit 64).
+    assert!(!env["RUNNER_SCALER_LISTEN"].starts_with("127."));
+    let token_file = env
+        .get("RUNNER_SCALER_LISTEN_TOKEN_FILE")
+        .expect("the job names the listen token's file");
+    let in_secrets = token_file
+        .strip_prefix("${NOMAD_SECRETS_DIR}/")
+        .expect("the token's file is in the task's secrets directory");
+    let rendered = templates(task)
+        .into_iter()
+        .find(|t| raw(attr(t, "destination")) == format!("secrets/{in_secrets}"))
+        .expect("a template renders the listen token's file");
+    assert!(raw(attr(rendered, "destination")).starts_with("secrets/"));
+    assert_eq!(raw(attr(rendered, "perms")), "0400");
+    assert!(matches!(
+        attr(rendered, "error_on_missing_key"),
+        Expression::Bool(true)
+    ));
+    assert!(raw(attr(rendered, "data")).contains(".listen_token"));
+
+    // The README puts the key in the Variable and has Prometheus present the token.
+    let readme = read("README.md");
+    assert!(
+        readme.contains("listen_token=@"),
+        "deploy step 3 writes no listen_token"
+    );
+    let metrics = readme_section(&readme, "## Metrics and health");
+    let yaml = metrics
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the metrics section has a yaml block");
+    let config: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).expect("the block is YAML");
+    assert!(
+        config["scrape_configs"][0]["authorization"]["credentials_file"]
+            .as_str()
+            .is_some(),
+        "{yaml}"
+    );
+}

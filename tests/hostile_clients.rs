@@ -49,6 +49,7 @@ impl Routes {
                 clock: Arc::new(SystemClock),
                 last_tick: tokio::sync::watch::channel(None).1,
                 role: tokio::sync::watch::channel(Role::Shadow).1,
+                read_token: None,
             }),
             Routes::Webhooks => runner_scaler::webhook::router(Receiver::new(
                 WebhookSecrets {

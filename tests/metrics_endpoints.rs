@@ -55,6 +55,7 @@ impl Served {
                 clock: clock.clone(),
                 last_tick: tokio::sync::watch::channel(None).1,
                 role: tokio::sync::watch::channel(runner_scaler::report::live::Role::Leader).1,
+                read_token: None,
             }),
             std::future::pending(),
         );

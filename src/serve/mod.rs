@@ -14,10 +14,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Query, State};
+use axum::extract::{Query, Request, State};
 use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use secrecy::{ExposeSecret, SecretString};
+use sha2::{Digest as _, Sha256};
 
 use tokio::sync::watch;
 
@@ -39,15 +42,81 @@ pub struct Endpoints {
     pub last_tick: watch::Receiver<Option<TickView>>,
     /// Who this daemon is: leader, standby or shadow.
     pub role: watch::Receiver<Role>,
+    /// The bearer token `/status` and `/metrics` require (`RUNNER_SCALER_LISTEN_TOKEN`);
+    /// `None` serves them to anyone who reaches the address, which [`exposure_problem`]
+    /// allows only on loopback.
+    pub read_token: Option<ReadToken>,
+}
+
+/// Where `/status` and `/metrics` may be read, read once: they name private repos, parent
+/// jobs, child ids and internal addresses, and a runner's job steps may share a network with
+/// the daemon. Only the SHA-256 of the token is kept: comparing digests takes the same time
+/// whatever prefix of the token a guess gets right.
+#[derive(Clone)]
+pub struct ReadToken([u8; 32]);
+
+impl ReadToken {
+    pub fn new(token: &SecretString) -> ReadToken {
+        ReadToken(Sha256::digest(token.expose_secret().trim().as_bytes()).into())
+    }
+
+    fn admits(&self, presented: &str) -> bool {
+        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        digest == self.0
+    }
+}
+
+/// Why `addr` may not serve without a token: any address but loopback is reachable from
+/// other hosts, and from job steps wherever runners share the network.
+pub fn exposure_problem(addr: SocketAddr, token: Option<&ReadToken>) -> Option<String> {
+    if token.is_some() || addr.ip().is_loopback() {
+        return None;
+    }
+    Some(format!(
+        "--listen {addr} is reachable beyond this host, and /status and /metrics name private \
+         repos, parent jobs and child ids: set RUNNER_SCALER_LISTEN_TOKEN_FILE (a bearer \
+         token Prometheus and `runner-scaler status` present; /livez and /healthz stay open), \
+         or listen on 127.0.0.1"
+    ))
 }
 
 pub fn router(endpoints: Endpoints) -> Router {
-    Router::new()
+    // Health checks (Nomad's, a load balancer's) carry no token and learn nothing private.
+    let guarded = Router::new()
         .route("/metrics", get(metrics))
+        .route("/status", get(status))
+        .route_layer(middleware::from_fn_with_state(
+            endpoints.clone(),
+            require_read_token,
+        ));
+    Router::new()
         .route("/livez", get(livez))
         .route("/healthz", get(healthz))
-        .route("/status", get(status))
+        .merge(guarded)
         .with_state(endpoints)
+}
+
+/// 401 unless the request carries `Authorization: Bearer <the read token>`, when there is one.
+async fn require_read_token(State(e): State<Endpoints>, request: Request, next: Next) -> Response {
+    let Some(token) = &e.read_token else {
+        return next.run(request).await;
+    };
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, credential)| credential.trim());
+    if presented.is_some_and(|p| token.admits(p)) {
+        return next.run(request).await;
+    }
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, r#"Bearer realm="runner-scaler""#)],
+        "a bearer token is required (RUNNER_SCALER_LISTEN_TOKEN)\n",
+    )
+        .into_response()
 }
 
 #[derive(serde::Deserialize)]
