@@ -346,7 +346,7 @@ async fn a_delivery_id_no_forge_sends_is_refused_with_400_and_changes_nothing() 
             .post(
                 "/webhook/forgejo",
                 &[
-                    ("X-Forgejo-Event", "workflow_job_waiting"),
+                    ("X-Forgejo-Event", "push"),
                     (delivery_header, &too_long),
                     ("X-Forgejo-Signature", &tag),
                 ],
@@ -451,7 +451,7 @@ async fn a_signed_delivery_that_names_no_repo_is_a_bad_request() {
 }
 
 #[tokio::test]
-async fn forgejo_signs_with_bare_hex_and_names_its_job_events_by_state() {
+async fn forgejo_signs_with_bare_hex_and_a_push_is_a_hint_as_gitea_job_events_are() {
     let served = serve().await;
     let body = payload_for("forge/builds");
     let tag = sign(FORGEJO_SECRET, body.as_bytes());
@@ -474,26 +474,19 @@ async fn forgejo_signs_with_bare_hex_and_names_its_job_events_by_state() {
     };
     let post = |headers: Vec<(&'static str, String)>| post_body(headers, body.clone());
     // GitHub's `sha256=` prefix is not Forgejo's format.
-    let (status, _) = post(forgejo(
-        "workflow_job_waiting",
-        "f-0",
-        format!("sha256={tag}"),
-    ))
-    .await;
+    let (status, _) = post(forgejo("push", "f-0", format!("sha256={tag}"))).await;
     assert_eq!(status, 401);
     // Signed with GitHub's secret: refused.
     let wrong = sign(GITHUB_SECRET, body.as_bytes());
-    assert_eq!(
-        post(forgejo("workflow_job_waiting", "f-0", wrong)).await.0,
-        401
-    );
+    assert_eq!(post(forgejo("push", "f-0", wrong)).await.0, 401);
     served.assert_no_hint();
 
-    let (status, outcome) = post(forgejo("workflow_job_waiting", "f-1", tag.clone())).await;
+    // Forgejo sends no job event (through 15.0): a push, which may start runs, is the hint.
+    let (status, outcome) = post(forgejo("push", "f-1", tag.clone())).await;
     assert_eq!((status, outcome.as_str()), (202, "accepted"));
     assert_eq!(served.hints.take_due(t0()), vec![repo("forge/builds")]);
-    // Gitea's names of the same headers are read when Forgejo's are absent (another job's
-    // event: the same body again would be a replay).
+    // For Gitea (>= 1.24), which posts here with only its own headers: its `workflow_job`
+    // is a hint (another job's event: the same body again would be a replay).
     let other_job = job_payload("forge/builds", 2);
     let (status, _) = post_body(
         vec![
@@ -508,8 +501,14 @@ async fn forgejo_signs_with_bare_hex_and_names_its_job_events_by_state() {
     )
     .await;
     assert_eq!(status, 202);
-    // Neither a job nor a run: nothing to look at.
-    for (event, delivery, job) in [("push", "f-3", 3), ("workflow_jobs", "f-4", 4)] {
+    // Nothing that starts or ends a run, and names only Gitea sends, under Forgejo's
+    // headers: nothing to look at.
+    for (event, delivery, job) in [
+        ("issues", "f-3", 3),
+        ("workflow_jobs", "f-4", 4),
+        ("workflow_job", "f-5", 5),
+        ("action_run_", "f-6", 6),
+    ] {
         let body = job_payload("forge/builds", job);
         let tag = sign(FORGEJO_SECRET, body.as_bytes());
         assert_eq!(
@@ -522,29 +521,36 @@ async fn forgejo_signs_with_bare_hex_and_names_its_job_events_by_state() {
 }
 
 #[tokio::test]
-async fn forgejo_run_events_and_repos_named_under_the_run_are_hints() {
+async fn forgejo_run_ends_and_dispatches_are_hints_and_name_the_repo_under_the_run() {
     let served = serve().await;
-    // Forgejo's run events (`workflow_run_*`, and `action_run_*` of older releases) and the
-    // job events of later releases name the repo only under `run`.
-    // One run per event: each is an event of its own (the same body twice is a replay).
+    // Forgejo's action run events (12.0) name the repo only under `run`. One run per event:
+    // each is an event of its own (the same body twice is a replay).
     let under_run = |run: u64| {
         serde_json::json!({
-            "action": "run_status_changed",
+            "action": "success",
             "run": {
                 "id": run,
-                "status": "waiting",
+                "status": "success",
                 "repository": { "full_name": "forge/builds" },
             },
         })
         .to_string()
     };
-    let without_repo =
-        serde_json::json!({ "action": "new_job_attempt", "job": { "id": 3 } }).to_string();
+    let without_repo = serde_json::json!({ "action": "failure", "run": { "id": 3 } }).to_string();
+    let dispatched = serde_json::json!({
+        "workflow": "ci.yml",
+        "ref": "refs/heads/main",
+        "repository": { "full_name": "forge/builds" },
+    })
+    .to_string();
     let deliveries = [
-        ("workflow_run_waiting", &under_run(7), 202, "accepted"),
-        ("workflow_job_waiting", &under_run(8), 202, "accepted"),
-        ("action_run_success", &under_run(9), 202, "accepted"),
-        ("workflow_job_waiting", &without_repo, 400, "malformed"),
+        ("action_run_success", &under_run(7), 202, "accepted"),
+        ("action_run_failure", &under_run(8), 202, "accepted"),
+        ("action_run_recover", &under_run(9), 202, "accepted"),
+        ("workflow_dispatch", &dispatched, 202, "accepted"),
+        // Gitea's run event, under Forgejo's headers: Forgejo sends none.
+        ("workflow_run", &under_run(10), 200, "ignored_event"),
+        ("action_run_failure", &without_repo, 400, "malformed"),
     ];
     for (i, (event, body, status, outcome)) in deliveries.into_iter().enumerate() {
         let delivery = format!("r-{i}");
@@ -577,7 +583,7 @@ async fn a_forge_without_a_secret_has_no_route() {
         .post(
             "/webhook/forgejo",
             &[
-                ("X-Forgejo-Event", "workflow_job_waiting"),
+                ("X-Forgejo-Event", "push"),
                 (
                     "X-Forgejo-Signature",
                     &sign(FORGEJO_SECRET, body.as_bytes()),
@@ -621,10 +627,7 @@ async fn the_secrets_never_reach_a_log_line() {
     served
         .post(
             "/webhook/forgejo",
-            &[
-                ("X-Forgejo-Event", "workflow_job_waiting"),
-                ("X-Forgejo-Signature", &tag),
-            ],
+            &[("X-Forgejo-Event", "push"), ("X-Forgejo-Signature", &tag)],
             body.clone().into_bytes(),
         )
         .await;

@@ -1,7 +1,8 @@
 //! Webhooks as hints (`--webhook-listen`): `POST /webhook/github` and `POST /webhook/forgejo`.
 //!
-//! A verified `workflow_job` delivery for a repo of the document becomes a [`Hints`] entry:
-//! "look at this repo now". Nothing is decided from the event's content; the loop polls the
+//! A verified delivery that may change a repo's queue (GitHub's `workflow_job`; Forgejo's
+//! pushes, pull requests, dispatches and action-run ends, since Forgejo sends no job event)
+//! for a repo of the document becomes a [`Hints`] entry: "look at this repo now". Nothing is decided from the event's content; the loop polls the
 //! forge and acts on what the poll finds, so a lost, late, forged-but-rejected or replayed
 //! webhook costs at most a poll interval, never a wrong dispatch.
 //!

@@ -167,25 +167,38 @@ impl ForgeHeaders {
         value.to_str().ok()
     }
 
-    /// Whether `event` announces a change of a job or a run, the kinds worth a look.
-    fn is_job_event(&self, event: &str) -> bool {
+    /// Whether the delivery's event may change what a re-read of its repo finds: the kinds
+    /// worth a look. `headers` tell Forgejo from Gitea, which post to the same route.
+    fn is_hint_event(&self, headers: &HeaderMap, event: &str) -> bool {
         match self.forge {
             WebhookForge::GitHub => event == "workflow_job",
-            // Forgejo names one event per state (`workflow_job_waiting` is a job ready for a
-            // runner; `workflow_run_waiting`, `workflow_run_running`, …), and older releases
-            // send only `action_run_success`/`_failure` when a run ends, which may free a cap's
-            // room; Gitea sends `workflow_job` and `workflow_run`.
-            WebhookForge::Forgejo => {
-                ["workflow_job", "workflow_run", "action_run"]
-                    .iter()
-                    .any(|kind| {
-                        event
-                            .strip_prefix(kind)
-                            .is_some_and(|rest| rest.is_empty() || rest.starts_with('_'))
-                    })
+            WebhookForge::Forgejo if headers.contains_key("x-forgejo-event") => {
+                is_forgejo_hint(event)
             }
+            // Only Gitea's headers: Gitea (>= 1.24) sends job and run events of its own.
+            WebhookForge::Forgejo => is_forgejo_hint(event) || is_gitea_hint(event),
         }
     }
+}
+
+/// What Forgejo sends that is worth a re-read (through 15.0.3 it has no job or run event,
+/// modules/webhook/type.go): a push or a pull request may start runs, whose jobs then wait
+/// for a runner (the hint's re-reads at +2 s and +5 s find them once Forgejo has created
+/// them); `workflow_dispatch` starts one; `action_run_success`, `_failure` and `_recover`
+/// (12.0) say a run ended, which may free a cap's room.
+fn is_forgejo_hint(event: &str) -> bool {
+    matches!(
+        event,
+        "push" | "pull_request" | "pull_request_sync" | "workflow_dispatch"
+    ) || event
+        .strip_prefix("action_run_")
+        .is_some_and(|state| !state.is_empty())
+}
+
+/// Gitea's job and run events (`workflow_job`, `workflow_run`, 1.24), sent under Gitea's
+/// headers only; Forgejo sends neither.
+fn is_gitea_hint(event: &str) -> bool {
+    matches!(event, "workflow_job" | "workflow_run")
 }
 
 async fn github(State(receiver): State<Receiver>, headers: HeaderMap, body: Body) -> Response {
@@ -263,9 +276,8 @@ fn receive(
         .into_response()
 }
 
-/// Where a delivery names its repo: at the top (GitHub, Gitea, Forgejo job events of some
-/// releases) or only under its run (Forgejo's `action_run_*` and `workflow_run_*`, and job
-/// events of later releases).
+/// Where a delivery names its repo: at the top (GitHub's and Gitea's events, Forgejo's
+/// pushes, pull requests and dispatches) or only under its run (Forgejo's `action_run_*`).
 #[derive(serde::Deserialize)]
 struct Payload {
     repository: Option<PayloadRepository>,
@@ -329,7 +341,7 @@ fn judge(
     if !first {
         return (Outcome::Duplicate, None);
     }
-    if !forge.is_job_event(event) {
+    if !forge.is_hint_event(headers, event) {
         return (Outcome::IgnoredEvent, None);
     }
     let Some(repo) = serde_json::from_slice::<Payload>(&body)
