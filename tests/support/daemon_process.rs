@@ -115,3 +115,17 @@ pub async fn wait_until<T>(deadline: Duration, mut done: impl FnMut() -> Option<
         tokio::time::sleep(POLL).await;
     }
 }
+
+impl Daemon {
+    /// The daemon's process id: for `/proc/<pid>/…` and for signals.
+    pub fn pid(&self) -> u32 {
+        self.process.id()
+    }
+
+    /// The daemon's exit status if it has exited, without waiting for it.
+    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.process
+            .try_wait()
+            .expect("ask whether the daemon exited")
+    }
+}
