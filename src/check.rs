@@ -460,9 +460,10 @@ mod tests {
         for job in [ParentJob::Missing, ParentJob::NotParameterized] {
             assert_eq!(parent_problems(&app, "ci-runner", &job).len(), 1, "{job:?}");
         }
-        let stopped = ParentJob::Parameterized {
-            stopped: true,
-            payload_required: false,
+        // A parent that takes every key app mode sends, stopped or wanting a payload.
+        let taking_all = |stopped, payload_required| ParentJob::Parameterized {
+            stopped,
+            payload_required,
             meta_required: BTreeSet::new(),
             meta_optional: meta_sent(&app.mode)
                 .into_iter()
@@ -470,21 +471,14 @@ mod tests {
                 .collect(),
             modify_index: 7,
         };
-        let problems = parent_problems(&app, "ci-runner", &stopped);
-        assert_eq!(problems.len(), 1, "{problems:?}");
-        assert!(problems[0].contains("is stopped"), "{problems:?}");
-        let wants_payload = ParentJob::Parameterized {
-            stopped: false,
-            payload_required: true,
-            meta_required: BTreeSet::new(),
-            meta_optional: meta_sent(&app.mode)
-                .into_iter()
-                .map(str::to_string)
-                .collect(),
-            modify_index: 7,
-        };
-        let problems = parent_problems(&app, "ci-runner", &wants_payload);
-        assert_eq!(problems.len(), 1, "{problems:?}");
-        assert!(problems[0].contains("requires a payload"), "{problems:?}");
+        for (job, problem) in [
+            (taking_all(true, false), "is stopped"),
+            (taking_all(false, true), "requires a payload"),
+        ] {
+            let problems = parent_problems(&app, "ci-runner", &job);
+            assert_eq!(problems.len(), 1, "{problems:?}");
+            assert!(problems[0].contains(problem), "{problems:?}");
+        }
+        assert!(parent_problems(&app, "ci-runner", &taking_all(false, false)).is_empty());
     }
 }

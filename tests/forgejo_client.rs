@@ -626,13 +626,7 @@ async fn aim_and_call(world: &World, forgejo_url: &str) -> Vec<runner_scaler::ob
             .await
             .unwrap_err(),
     );
-    refused.push(
-        world
-            .client
-            .registers_ephemeral_runners(&repo)
-            .await
-            .unwrap_err(),
-    );
+    refused.push(world.client.instance_version(&repo).await.unwrap_err());
     refused
 }
 

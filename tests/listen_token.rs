@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use runner_scaler::report::live::Role;
 use runner_scaler::serve::{Endpoints, ReadToken, bind, exposure_problem, router, spawn};
 use runner_scaler::sim::twins::github::TEST_APP_PRIVATE_KEY_PEM;
 use secrecy::SecretString;
-use support::daemon_process::{Daemon, wait_until};
+use support::daemon_process::{Daemon, status_at, wait_until};
 use support::twins::{TempFile, Twins};
 
 const BIN: &str = env!("CARGO_BIN_EXE_runner-scaler");
@@ -153,19 +153,11 @@ async fn a_daemon_off_loopback_without_a_token_refuses_to_start() {
 /// `runner-scaler status --addr ADDR`, with the listen token in its environment or not:
 /// (stdout, stderr).
 fn status(twins: &Twins, key_file: &TempFile, addr: &str, token: Option<&str>) -> (String, String) {
-    let mut command = Command::new(BIN);
-    command
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .args(["status", "--addr", addr])
-        .stdin(Stdio::null());
-    for (key, value) in twins.daemon_env(key_file.path()) {
-        command.env(key, value);
-    }
-    if let Some(token) = token {
-        command.env("RUNNER_SCALER_LISTEN_TOKEN", token);
-    }
-    let output = command.output().expect("run runner-scaler status");
+    let env: Vec<(&str, &str)> = token
+        .map(|t| ("RUNNER_SCALER_LISTEN_TOKEN", t))
+        .into_iter()
+        .collect();
+    let output = status_at(twins, key_file, addr, &env);
     (
         String::from_utf8_lossy(&output.stdout).into_owned(),
         String::from_utf8_lossy(&output.stderr).into_owned(),

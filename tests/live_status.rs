@@ -5,30 +5,19 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use runner_scaler::sim::twins::github::TEST_APP_PRIVATE_KEY_PEM;
-use support::daemon_process::{Daemon, wait_until};
+use support::daemon_process::{Daemon, status_at, wait_until};
 use support::twins::{TempFile, Twins};
 
-const BIN: &str = env!("CARGO_BIN_EXE_runner-scaler");
 const PARENT: &str = "ci-runner";
 const REPO: &str = "acme/api";
 const DEADLINE: Duration = Duration::from_secs(15);
 
 /// `runner-scaler status --addr ADDR` with the twins' environment: (stdout, stderr).
 fn status(twins: &Twins, key_file: &TempFile, addr: &str) -> (String, String) {
-    let mut command = Command::new(BIN);
-    command
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .args(["status", "--addr", addr])
-        .stdin(Stdio::null());
-    for (key, value) in twins.daemon_env(key_file.path()) {
-        command.env(key, value);
-    }
-    let output = command.output().expect("run runner-scaler status");
+    let output = status_at(twins, key_file, addr, &[]);
     assert!(output.status.success(), "{output:?}");
     (
         String::from_utf8_lossy(&output.stdout).into_owned(),

@@ -14,6 +14,17 @@ fn at(t0: DateTime<Utc>, n: i64) -> DateTime<Utc> {
     t0 + Duration::seconds(15 * n)
 }
 
+/// The error of `repo`'s dispatch in `view`, which Nomad refused.
+fn refused_dispatch<'v>(view: &'v TickView, repo: &str) -> &'v str {
+    let refused = view
+        .dispatches
+        .iter()
+        .find(|d| d.repo == repo)
+        .unwrap_or_else(|| panic!("{repo}'s dispatch was not attempted"));
+    assert_eq!(refused.outcome, "dispatch_failed");
+    refused.error.as_deref().unwrap_or_default()
+}
+
 fn started_for(view: &TickView, repo: &str) -> usize {
     view.dispatches
         .iter()
@@ -255,13 +266,7 @@ async fn a_dispatch_refused_for_unpermitted_meta_is_held_while_another_parent_di
     let t0 = Utc::now();
 
     let view = ctl.tick(&config, 1, at(t0, 0), false).await;
-    let refused = view
-        .dispatches
-        .iter()
-        .find(|d| d.repo == "alpha/api")
-        .expect("alpha's dispatch was attempted");
-    assert_eq!(refused.outcome, "dispatch_failed");
-    let message = refused.error.as_deref().unwrap_or_default();
+    let message = refused_dispatch(&view, "alpha/api");
     assert!(
         message.contains("Dispatch request included unpermitted metadata keys: [managed_by]"),
         "{message}"
@@ -326,13 +331,7 @@ async fn a_forgotten_parent_is_dispatched_to_within_one_poll_of_being_registered
     let t0 = Utc::now();
 
     let view = ctl.tick(&config, 1, at(t0, 0), false).await;
-    let refused = view
-        .dispatches
-        .iter()
-        .find(|d| d.repo == "alpha/api")
-        .expect("alpha's dispatch was attempted");
-    assert_eq!(refused.outcome, "dispatch_failed");
-    let message = refused.error.as_deref().unwrap_or_default();
+    let message = refused_dispatch(&view, "alpha/api");
     assert!(message.contains("parameterized job not found"), "{message}");
     let minted = mints(&twins);
 

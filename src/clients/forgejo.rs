@@ -402,13 +402,6 @@ impl Forgejo {
         Ok(version)
     }
 
-    /// Whether `repo`'s instance registers runners one by one (Forgejo 15 and later), after
-    /// reading its version if this client has not yet. `config check` and `status` say when
-    /// it does not.
-    pub async fn registers_ephemeral_runners(&self, repo: &RepoConfig) -> Result<bool, PortError> {
-        Ok(self.instance_version(repo).await?.major >= EPHEMERAL_RUNNER_MAJOR_MIN)
-    }
-
     /// The version of `repo`'s instance, once it passed the job-search gate.
     pub async fn instance_version(&self, repo: &RepoConfig) -> Result<ForgejoVersion, PortError> {
         let call = self.call(repo)?;

@@ -129,3 +129,26 @@ impl Daemon {
             .expect("ask whether the daemon exited")
     }
 }
+
+/// `runner-scaler status --addr ADDR` with the twins' environment and `env` on top: the
+/// process's output.
+pub fn status_at(
+    twins: &Twins,
+    key_file: &TempFile,
+    addr: &str,
+    env: &[(&str, &str)],
+) -> std::process::Output {
+    let mut command = Command::new(BIN);
+    command
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .args(["status", "--addr", addr])
+        .stdin(Stdio::null());
+    for (key, value) in twins.daemon_env(key_file.path()) {
+        command.env(key, value);
+    }
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command.output().expect("run runner-scaler status")
+}
