@@ -19,9 +19,14 @@
 //!   delivering one event) send one request per connection anyway, or lose one handshake
 //!   on reconnecting.
 //! - **Connections** are capped at [`CONNECTIONS_MAX`] by a semaphore taken *before*
-//!   `accept`: beyond the cap, new connections wait in the kernel's accept queue, costing the
-//!   daemon no descriptor and no memory, and are served in order as earlier ones end (at the
-//!   latest when their deadlines drop them).
+//!   `accept`. At the cap, the oldest connection that has not yet sent its whole request head
+//!   is dropped to make room for the next: a client that sends its request at once (a health
+//!   check, a scrape) is served within milliseconds however many half-open clients are
+//!   connected, instead of after their header deadline (5 s, while Nomad's check of
+//!   `/livez` gives up after 2 s and restarts the daemon after three). Only when every slot
+//!   holds a request already being answered do new connections wait (at most
+//!   [`REQUEST_TIMEOUT`]): the first in a descriptor of ours, the rest in the kernel's accept
+//!   queue, costing the daemon no descriptor and no memory.
 //! - **HTTP/1.1 only.** hyper-util's auto builder turns h2 back on whenever the `http2`
 //!   feature is in the tree (reqwest's is), and an h2c connection multiplexes streams past
 //!   the cap; an HTTP/2 preface is refused as a malformed HTTP/1 request.
@@ -36,9 +41,10 @@
 //! The limits are a [`Limits`] value so tests can shorten them; [`Limits::default`] is what
 //! ships.
 
+use std::collections::VecDeque;
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use axum::Router;
@@ -48,7 +54,7 @@ use hyper::service::Service as _;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tracing::{debug, info, warn};
 
 /// How long a client has, from the accept, to send its request line and headers. A forge or
@@ -84,6 +90,85 @@ pub const READ_BUFFER_MAX_BYTES: usize = 64 * 1024;
 /// exhausted) before accepting again, rather than spinning on it; axum's `serve` waits as
 /// long.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Where one connection is: still reading its request head (and so the first to make room
+/// at the cap), answering its request, or told to make room.
+struct Stage {
+    stage: AtomicU8,
+    evict: Notify,
+}
+
+const AWAITING_HEAD: u8 = 0;
+const IN_FLIGHT: u8 = 1;
+const EVICTED: u8 = 2;
+
+impl Stage {
+    fn new() -> Arc<Stage> {
+        Arc::new(Stage {
+            stage: AtomicU8::new(AWAITING_HEAD),
+            evict: Notify::new(),
+        })
+    }
+
+    /// The head is in and the router has it. A connection evicted a moment before stays
+    /// evicted: its close drops this answer.
+    fn start_request(&self) {
+        let _ = self.stage.compare_exchange(
+            AWAITING_HEAD,
+            IN_FLIGHT,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    fn in_flight(&self) -> bool {
+        self.stage.load(Ordering::Acquire) == IN_FLIGHT
+    }
+
+    /// Tells the connection to close if it has not sent its request head yet; whether it did.
+    fn evict(&self) -> bool {
+        let evicted = self
+            .stage
+            .compare_exchange(AWAITING_HEAD, EVICTED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if evicted {
+            self.evict.notify_one();
+        }
+        evicted
+    }
+}
+
+/// The connections of one listener in the order they were accepted, oldest first, held weakly:
+/// an ended connection simply fails to upgrade.
+#[derive(Default)]
+struct Accepted {
+    order: VecDeque<Weak<Stage>>,
+}
+
+impl Accepted {
+    fn push(&mut self, stage: &Arc<Stage>, connections_max: usize) {
+        // Ended connections leave the front as it is searched; those ending in the middle
+        // are swept once they outnumber the live ones.
+        if self.order.len() >= 2 * connections_max {
+            self.order.retain(|stage| stage.strong_count() > 0);
+        }
+        self.order.push_back(Arc::downgrade(stage));
+    }
+
+    /// Evicts the oldest connection still waiting for its request head; whether there was one.
+    fn evict_oldest_awaiting_head(&mut self) -> bool {
+        while let Some(oldest) = self.order.pop_front() {
+            let Some(stage) = oldest.upgrade() else {
+                continue;
+            };
+            if stage.evict() {
+                return true;
+            }
+            // Answering a request: it never waits for a head again, and ends by its deadline.
+        }
+        false
+    }
+}
 
 /// The limits one listener serves under; [`Limits::default`] is what ships.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,31 +220,42 @@ pub async fn serve(
     let slots = Arc::new(Semaphore::new(connections_max));
     let (closing_tx, closing) = watch::channel(false);
     let mut shutdown = std::pin::pin!(shutdown);
+    let mut accepted_order = Accepted::default();
     let mut saturated = false;
     loop {
         // A slot first, then the accept: beyond the cap a client waits in the kernel's
-        // accept queue rather than in a descriptor of ours.
-        let slot = match slots.clone().try_acquire_owned() {
-            Ok(slot) => slot,
+        // accept queue rather than in a descriptor of ours. At the cap, a client that is
+        // actually waiting is taken (one descriptor over the cap, for as long as it takes the
+        // oldest client without a request head to close) and room made for it.
+        let (slot, accepted) = match slots.clone().try_acquire_owned() {
+            Ok(slot) => (slot, None),
             Err(_) => {
-                if !saturated {
-                    saturated = true;
-                    warn!(
-                        connections_max,
-                        "serve {what}: every connection slot is taken; new connections wait \
-                         until one ends (at the latest after {:?})",
-                        limits.request_timeout
-                    );
-                }
-                tokio::select! {
+                let accepted = tokio::select! {
                     biased;
                     () = &mut shutdown => break,
                     slot = slots.clone().acquire_owned() => match slot {
-                        Ok(slot) => slot,
+                        Ok(slot) => (slot, None),
                         // Never closed; if it were, nothing more could be served.
                         Err(_) => break,
                     },
-                }
+                    accepted = listener.accept() => {
+                        let evicted = accepted_order.evict_oldest_awaiting_head();
+                        if !saturated {
+                            saturated = true;
+                            warn_saturated(what, connections_max, evicted, limits);
+                        }
+                        let slot = tokio::select! {
+                            biased;
+                            () = &mut shutdown => break,
+                            slot = slots.clone().acquire_owned() => match slot {
+                                Ok(slot) => slot,
+                                Err(_) => break,
+                            },
+                        };
+                        (slot, Some(accepted))
+                    }
+                };
+                accepted
             }
         };
         // Said once per episode: only when half the slots are free again is the next
@@ -168,19 +264,25 @@ pub async fn serve(
             saturated = false;
             info!("serve {what}: connection slots free again");
         }
-        let accepted = tokio::select! {
-            biased;
-            () = &mut shutdown => break,
-            accepted = listener.accept() => accepted,
+        let accepted = match accepted {
+            Some(accepted) => accepted,
+            None => tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                accepted = listener.accept() => accepted,
+            },
         };
         match accepted {
             Ok((stream, _peer)) => {
+                let stage = Stage::new();
+                accepted_order.push(&stage, connections_max);
                 tokio::spawn(connection(
                     what,
                     stream,
                     router.clone(),
                     limits,
                     closing.clone(),
+                    stage,
                     slot,
                 ));
             }
@@ -211,6 +313,23 @@ pub async fn serve(
     debug!("serve {what}: every connection ended");
 }
 
+fn warn_saturated(what: &str, connections_max: usize, evicted: bool, limits: Limits) {
+    if evicted {
+        warn!(
+            connections_max,
+            "serve {what}: every connection slot is taken; the oldest clients that have not \
+             sent a request head are dropped to make room"
+        );
+    } else {
+        warn!(
+            connections_max,
+            "serve {what}: every connection slot is answering a request; new connections wait \
+             until one ends (at the latest after {:?})",
+            limits.request_timeout
+        );
+    }
+}
+
 /// Errors of one connection's accept that say nothing about the listener.
 fn is_connection_error(e: &std::io::Error) -> bool {
     use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
@@ -227,18 +346,18 @@ async fn connection(
     router: Router,
     limits: Limits,
     mut closing: watch::Receiver<bool>,
+    stage: Arc<Stage>,
     _slot: OwnedSemaphorePermit,
 ) {
     let deadline = tokio::time::sleep(limits.request_timeout);
     let mut deadline = std::pin::pin!(deadline);
-    // Set once the request head is in and the router has it: from then on the connection
-    // carries a request in flight, which a shutdown lets finish within the grace.
-    let in_flight = Arc::new(AtomicBool::new(false));
+    // Once the request head is in and the router has it, the connection carries a request in
+    // flight: no longer evicted at the cap, and let finish within the grace at shutdown.
     let service = {
-        let in_flight = in_flight.clone();
+        let stage = stage.clone();
         let router = TowerToHyperService::new(router);
         hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
-            in_flight.store(true, Ordering::Relaxed);
+            stage.start_request();
             router.call(request)
         })
     };
@@ -264,10 +383,14 @@ async fn connection(
             );
             return;
         }
+        () = stage.evict.notified() => {
+            debug!("serve {what}: dropped a connection without a request head to make room");
+            return;
+        }
         // A closed sender (the accept loop is gone) is a shutdown too.
         _ = closing.wait_for(|closing| *closing) => {}
     }
-    if !in_flight.load(Ordering::Relaxed) {
+    if !stage.in_flight() {
         // Idle, or half a request head: nothing to finish. Dropping `served` closes it.
         return;
     }
