@@ -11,7 +11,7 @@ use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use serde_json::{Value, json};
 
-use super::scenarios::Scenario;
+use super::scenario_name::Scenario;
 
 /// A service the world can make fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

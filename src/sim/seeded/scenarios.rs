@@ -1,99 +1,16 @@
 //! The named scenarios: each is a function from the seed's generator to [`Options`], starting
-//! from the baseline and pushing on one thing the daemon must get right.
-
-use std::fmt;
+//! from the baseline and pushing on one thing the daemon must get right. The enum itself and
+//! its names live in [`super::scenario_name`]; this file imports [`Options`], never the
+//! other way round.
 
 use rand::Rng;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 
 use super::options::{FaultRates, ForeignLoad, Options, Service, Webhooks, fleet, outage};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Scenario {
-    /// Work arrives at a moderate pace; rare faults.
-    Steady,
-    /// Many runs at once, then little.
-    Burst,
-    /// Many jobs with the same labels in one repo at once (the seed incident): runners are
-    /// fungible, any of them may take any of the jobs.
-    SameLabelRace,
-    /// Mostly superset label sets, so a bucket's runner is often taken by another bucket's job,
-    /// leaving its own job queued.
-    SupersetLabels,
-    /// Jobs cancelled while queued, runs re-run.
-    Cancellations,
-    /// A small cluster, full of foreign work for a window that may exceed an hour: children
-    /// stay pending without an allocation.
-    ClusterFull,
-    /// Runners that crash at boot, often.
-    CrashLoop,
-    /// Whole outages of GitHub, Forgejo, Nomad or Vault, some longer than ten minutes.
-    Outages,
-    /// Rate limits: budgets exhausted until a reset minutes away.
-    RateLimited,
-    /// Each seed picks one of the others and randomises within it.
-    Mixed,
-    /// 50 `app` repos of one installation and no job for three hours: what polling costs
-    /// when nothing happens.
-    Idle,
-    /// 500 `app` repos of one installation at a 15 s poll, most idle, a few busy, with
-    /// `workflow_job` webhooks delivered as hints for most jobs and lost for some.
-    Fleet500,
-}
+pub use super::scenario_name::Scenario;
 
 impl Scenario {
-    pub const NAMED: [Scenario; 9] = [
-        Scenario::Steady,
-        Scenario::Burst,
-        Scenario::SameLabelRace,
-        Scenario::SupersetLabels,
-        Scenario::Cancellations,
-        Scenario::ClusterFull,
-        Scenario::CrashLoop,
-        Scenario::Outages,
-        Scenario::RateLimited,
-    ];
-
-    /// The scale scenarios: not drawn by `mixed` (they would change every mixed seed's world)
-    /// and run by the benchmark beside the named ones.
-    pub const SCALE: [Scenario; 2] = [Scenario::Idle, Scenario::Fleet500];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Scenario::Steady => "steady",
-            Scenario::Burst => "burst",
-            Scenario::SameLabelRace => "same-label-race",
-            Scenario::SupersetLabels => "superset-labels",
-            Scenario::Cancellations => "cancellations",
-            Scenario::ClusterFull => "cluster-full",
-            Scenario::CrashLoop => "crash-loop",
-            Scenario::Outages => "outages",
-            Scenario::RateLimited => "rate-limited",
-            Scenario::Mixed => "mixed",
-            Scenario::Idle => "idle",
-            Scenario::Fleet500 => "fleet-500",
-        }
-    }
-
-    pub fn parse(name: &str) -> Option<Scenario> {
-        Scenario::NAMED
-            .into_iter()
-            .chain([Scenario::Mixed])
-            .chain(Scenario::SCALE)
-            .find(|s| s.as_str() == name)
-    }
-
-    /// Every name `parse` accepts, for error messages.
-    pub fn known_names() -> Vec<&'static str> {
-        Scenario::NAMED
-            .iter()
-            .chain([Scenario::Mixed].iter())
-            .chain(Scenario::SCALE.iter())
-            .map(|s| s.as_str())
-            .collect()
-    }
-
     /// Draws the options of one run.
     pub fn options(self, rng: &mut StdRng) -> Options {
         let scenario = match self {
@@ -115,18 +32,6 @@ impl Scenario {
             Scenario::RateLimited => rate_limited(&mut o, rng),
         }
         o
-    }
-}
-
-impl serde::Serialize for Scenario {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
-    }
-}
-
-impl fmt::Display for Scenario {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -261,5 +166,27 @@ fn rate_limited(o: &mut Options, rng: &mut StdRng) {
                 rate_limited: rng.random_range(0.01..0.08),
             },
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+
+    use super::*;
+    use crate::config::{ConfigDefaults, parse_document};
+
+    #[test]
+    fn every_scenario_document_passes_validation() {
+        for scenario in Scenario::NAMED {
+            for seed in 0..20 {
+                let options = scenario.options(&mut StdRng::seed_from_u64(seed));
+                if let Err(errors) =
+                    parse_document(options.document().as_bytes(), &ConfigDefaults::default())
+                {
+                    panic!("{scenario} seed {seed}: {errors:?}");
+                }
+            }
+        }
     }
 }

@@ -11,7 +11,7 @@
 //! unquoted values) is refused at parse time, as Nomad refuses an expression it cannot
 //! parse, rather than guessed at: a test that needs more should extend this evaluator.
 
-use super::TwinJob;
+use super::jobs::TwinJob;
 
 /// A parsed filter: every match must hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
