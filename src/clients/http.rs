@@ -215,3 +215,55 @@ pub async fn read_body_capped(
     }
     Ok(body)
 }
+
+/// Why an exchange that no reqwest client carried (an in-memory service) gave no answer.
+pub enum Unanswered<'e> {
+    /// The request's timeout ran out first.
+    TimedOut,
+    /// The service failed the request.
+    Failed(&'e (dyn std::error::Error + 'static)),
+}
+
+/// [`transport_error`] for an exchange that no reqwest client carried (an in-memory service):
+/// the same line, its address taken from the URL the request was for, and what failed read
+/// from an I/O error's kind where reqwest would have known it from the connection.
+pub fn unanswered_error(
+    service: &str,
+    doing: impl std::fmt::Display,
+    url: &url::Url,
+    why: Unanswered<'_>,
+) -> PortError {
+    let (what, cause) = match why {
+        // reqwest's own words for its timeout, so both transports say it alike.
+        Unanswered::TimedOut => ("timed out", "operation timed out".to_string()),
+        Unanswered::Failed(e) => (what_failed_in(e), root_cause(e)),
+    };
+    let doing = doing.to_string();
+    let origin = url.origin().ascii_serialization();
+    let whom = if doing.contains(&origin) {
+        String::new()
+    } else {
+        format!("{service} at {origin}: ")
+    };
+    PortError::new(
+        ErrorClass::Transient,
+        format!("{doing}: {whom}{what}: {cause}"),
+    )
+}
+
+fn what_failed_in(e: &(dyn std::error::Error + 'static)) -> &'static str {
+    let mut layer = Some(e);
+    while let Some(e) = layer {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return match io.kind() {
+                std::io::ErrorKind::TimedOut => "timed out",
+                std::io::ErrorKind::ConnectionRefused
+                | std::io::ErrorKind::HostUnreachable
+                | std::io::ErrorKind::NetworkUnreachable => "cannot connect",
+                _ => "request failed",
+            };
+        }
+        layer = e.source();
+    }
+    "request failed"
+}

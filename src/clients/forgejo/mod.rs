@@ -7,6 +7,11 @@
 //! The API token of a repo is read from Vault (field `token` at the repo's `vaultPath`) and
 //! sent as `Authorization: token <t>` only: Forgejo accepts the lower-case `token` scheme
 //! (not `Token`), and the deprecated `?token=` query form would put it in URLs and logs.
+//!
+//! Requests go over the network ([`Forgejo::new`]) or to an in-memory tower service
+//! ([`Forgejo::with_service`]); everything above the sending of one request is the same code.
+
+mod transport;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -20,14 +25,17 @@ use tokio::time::Instant;
 use url::Url;
 
 use crate::act::{Credential, Deregistration, RegisteredRunners, Registrar, RunnerIdentity};
-use crate::clients::http::{
-    TlsFiles, build_client, class_of_status, read_body_capped, redirect_refused, transport_error,
-};
+use crate::clients::http::{TlsFiles, build_client, class_of_status, redirect_refused};
 use crate::clients::origin::Origin;
 use crate::config::{Mode, RepoConfig};
 use crate::model::ErrorClass;
 use crate::observe::{ForgeJob, JobState, PortError, QueueSource, RepoJobs};
 use crate::secrets::SecretSource;
+use transport::{ApiRequest, Transport};
+
+/// The body of a request an in-memory service is handed ([`Forgejo::with_service`]).
+pub use hyper::body::Bytes;
+pub use transport::ServiceError;
 
 /// Field of the Vault secret at a repo's `vaultPath` that holds the Forgejo API token.
 pub const API_TOKEN_FIELD: &str = "token";
@@ -89,7 +97,7 @@ impl ForgejoVersion {
 
 /// The Forgejo client: one per daemon, serving every `forgejo` repo of every instance.
 pub struct Forgejo {
-    http: reqwest::Client,
+    transport: Transport,
     secrets: Arc<dyn SecretSource>,
     /// API tokens by Vault path.
     tokens: Mutex<HashMap<String, CachedToken>>,
@@ -157,13 +165,42 @@ impl Forgejo {
         tls: &TlsFiles,
         timeout: Duration,
     ) -> Result<Forgejo, String> {
-        Ok(Forgejo {
-            http: build_client("Forgejo", tls, timeout)?,
+        let client = build_client("Forgejo", tls, timeout)?;
+        Ok(Forgejo::over(Transport::Network(client), secrets))
+    }
+
+    /// A client whose requests are answered by `service` instead of going over the network
+    /// (the seeded simulator's Forgejo): everything above the socket runs as in production,
+    /// the token's binding to its origin included. Requests carry absolute URIs
+    /// (`https://forgejo.example/api/v1/version`), so one service can be several instances.
+    /// A 3xx is refused, not followed, and a body over [`RESPONSE_BODY_MAX_BYTES`] is not
+    /// read, as over the network; `timeout` bounds each exchange on tokio's clock, so it is
+    /// virtual under a paused one. Each request goes to a clone of `service`.
+    pub fn with_service<S, B>(
+        secrets: Arc<dyn SecretSource>,
+        service: S,
+        timeout: Duration,
+    ) -> Forgejo
+    where
+        S: tower::Service<http::Request<Bytes>, Response = http::Response<B>>
+            + Clone
+            + Send
+            + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<ServiceError>,
+        B: Into<reqwest::Body> + 'static,
+    {
+        Forgejo::over(Transport::over_service(service, timeout), secrets)
+    }
+
+    fn over(transport: Transport, secrets: Arc<dyn SecretSource>) -> Forgejo {
+        Forgejo {
+            transport,
             secrets,
             tokens: Mutex::new(HashMap::new()),
             versions: Mutex::new(HashMap::new()),
             token_ttl: API_TOKEN_CACHE_TTL,
-        })
+        }
     }
 
     /// Overrides how long an API token is reused (tests, simulation).
@@ -335,27 +372,16 @@ impl Forgejo {
     ) -> Result<(StatusCode, Vec<u8>, SecretString), PortError> {
         let (mut token, mut cached) = self.api_token(call).await?;
         loop {
-            let url = format!("{}/api/v1/{path}", call.base);
-            let mut request = self.http.request(method.clone(), &url).header(
-                reqwest::header::AUTHORIZATION,
-                format!("token {}", token.expose_secret()),
-            );
-            if !query.is_empty() {
-                request = request.query(query);
-            }
-            if let Some(json) = json {
-                request = request.json(json);
-            }
-            let response = request
-                .header(reqwest::header::ACCEPT, "application/json")
-                .send()
-                .await;
-            crate::metrics::count_request(
-                crate::metrics::Service::Forgejo,
-                response.as_ref().ok().map(|r| r.status().as_u16()),
-            );
-            let response = response.map_err(|e| transport_error("Forgejo", doing, &e))?;
-            let status = response.status();
+            let request = ApiRequest {
+                base: &call.base,
+                method: method.clone(),
+                path,
+                query,
+                json,
+                token: &token,
+            };
+            let answer = self.transport.send(request, doing).await?;
+            let status = answer.status();
             if status == StatusCode::UNAUTHORIZED {
                 // Refused: never reuse it. A cached token may have been rotated in Vault, so
                 // it earns one retry with a fresh read; a fresh one does not.
@@ -365,8 +391,7 @@ impl Forgejo {
                     continue;
                 }
             }
-            let body =
-                read_body_capped(response, RESPONSE_BODY_MAX_BYTES, "Forgejo", doing).await?;
+            let body = answer.read_body(doing).await?;
             return Ok((status, body, token));
         }
     }
