@@ -2,14 +2,13 @@
 //!
 //! Every non-secret setting is a flag named after its variable (`NOMAD_ADDR` ↔
 //! `--nomad-addr`). Secrets never are: they are read from the environment, or from the file a
-//! `*_FILE` variable names, by [`read_secret`], so they cannot show in `--help`, in `ps` or in
+//! `*_FILE` variable names, by [`crate::secrets::read_secret`], so they cannot show in `--help`, in `ps` or in
 //! shell history.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use secrecy::SecretString;
 use url::Url;
 
 /// Exit code for a missing or malformed process setting (sysexits' EX_USAGE).
@@ -362,35 +361,9 @@ pub struct DaemonArgs {
     pub leader_key: String,
 }
 
-/// Reads a secret from `VAR`, or from the file `VAR_FILE` names. `Ok(None)` when neither is
-/// set; an error (naming the variable, never the value) when both are, or the file is
-/// unreadable or empty.
 /// The bearer token `/status` and `/metrics` on `--listen` require, and `status` presents
 /// (or `RUNNER_SCALER_LISTEN_TOKEN_FILE`): required when `--listen` is not loopback.
 pub const LISTEN_TOKEN_VAR: &str = "RUNNER_SCALER_LISTEN_TOKEN";
-
-pub fn read_secret(var: &str) -> Result<Option<SecretString>, String> {
-    let direct = std::env::var(var).ok().filter(|v| !v.is_empty());
-    let file_var = format!("{var}_FILE");
-    let file = std::env::var_os(&file_var).filter(|v| !v.is_empty());
-    match (direct, file) {
-        (Some(_), Some(_)) => Err(format!("set {var} or {file_var}, not both")),
-        (Some(value), None) => Ok(Some(SecretString::from(value))),
-        (None, Some(path)) => read_secret_file(&PathBuf::from(path), &file_var).map(Some),
-        (None, None) => Ok(None),
-    }
-}
-
-/// Reads a secret file, trimming the trailing newline editors add.
-pub fn read_secret_file(path: &std::path::Path, what: &str) -> Result<SecretString, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("read {what} {}: {e}", path.display()))?;
-    let trimmed = text.trim();
-    if trimmed.is_empty() {
-        return Err(format!("{what} {} is empty", path.display()));
-    }
-    Ok(SecretString::from(trimmed.to_string()))
-}
 
 impl DaemonArgs {
     /// `--listen` as an address, `None` for `off`.

@@ -26,10 +26,10 @@
 //! - [`check`]: `config check --live`, and the daemon's refusal of a readable admin token.
 
 pub mod act;
-pub mod check;
 pub mod cli;
 pub mod clients;
 pub mod clock;
+pub mod commands;
 pub mod config;
 pub mod control_loop;
 pub mod leader;
@@ -40,6 +40,7 @@ pub mod plan;
 pub mod report;
 pub mod secrets;
 pub mod serve;
+#[cfg(feature = "sim")]
 pub mod sim;
 pub mod webhook;
 pub mod wiring;

@@ -315,6 +315,38 @@ impl ErrorClass {
     }
 }
 
+/// A failure of one port call, classified so the loop can decide what to do about it. The
+/// message says what was being done and to what; it never carries a secret.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct PortError {
+    pub class: ErrorClass,
+    pub message: String,
+    /// Seconds the service asked us to wait (`retry-after`, or until a rate-limit reset).
+    pub retry_after_s: Option<u64>,
+}
+
+impl PortError {
+    pub fn new(class: ErrorClass, message: impl Into<String>) -> PortError {
+        PortError {
+            class,
+            message: message.into(),
+            retry_after_s: None,
+        }
+    }
+
+    pub fn with_retry_after(mut self, seconds: Option<u64>) -> PortError {
+        self.retry_after_s = seconds;
+        self
+    }
+
+    /// Prefixes the message with what the caller was doing: `list jobs for acme/api: <cause>`.
+    pub fn context(mut self, doing: impl fmt::Display) -> PortError {
+        self.message = format!("{doing}: {}", self.message);
+        self
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

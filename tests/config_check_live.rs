@@ -6,8 +6,8 @@ mod support;
 use std::process::{Command, Output};
 use std::sync::Arc;
 
-use runner_scaler::check::CapabilityProbe;
 use runner_scaler::clients::vault::{VaultKv, VaultSettings};
+use runner_scaler::secrets::CapabilityProbe;
 use runner_scaler::sim::twins::github::TEST_APP_PRIVATE_KEY_PEM;
 use runner_scaler::sim::twins::nomad::PayloadRule;
 use runner_scaler::sim::twins::vault::VaultPolicy;

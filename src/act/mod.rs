@@ -250,3 +250,4 @@ pub trait RegisteredRunners: Send + Sync {
 }
 
 pub mod execute;
+pub mod services;

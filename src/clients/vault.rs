@@ -423,9 +423,20 @@ impl VaultKv {
     }
 }
 
-/// Whether a capability list from `sys/capabilities-self` lets the token read the secret.
-pub fn grants_read(capabilities: &[String]) -> bool {
-    capabilities.iter().any(|c| c == "read" || c == "root")
+pub use crate::secrets::grants_read;
+
+#[async_trait]
+impl crate::secrets::CapabilityProbe for VaultKv {
+    async fn capabilities(
+        &self,
+        paths: &[String],
+    ) -> Result<BTreeMap<String, Vec<String>>, PortError> {
+        self.capabilities_self(paths).await
+    }
+
+    fn api_path(&self, path: &str) -> String {
+        self.data_path(path)
+    }
 }
 
 /// `POST sys/wrapping/wrap` (API-CONTRACTS 4.4): the daemon's token authenticates, the TTL

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::{Config, ConfigDefaults, ConfigError, parse_document};
-use crate::observe::PortError;
+use crate::model::PortError;
 
 /// What one read of the document found. `index` is the source's change index (Consul's
 /// `X-Consul-Index`); `0` means the source could not tell, and the watcher then polls.

@@ -15,6 +15,14 @@
 
 use std::collections::BTreeMap;
 
+use chrono::{DateTime, Utc};
+use tracing::{debug, info};
+
+use super::Controller;
+use super::failures::Scope;
+use crate::config::Config;
+use crate::model::ErrorClass;
+
 use crate::model::RepoName;
 use crate::observe::ParentJob;
 
@@ -68,6 +76,65 @@ impl HeldParents {
 
     pub fn forget_all(&mut self) {
         self.retried_on.clear();
+    }
+}
+
+impl Controller {
+    /// Reads each parent whose dispatch is held for a configuration error, once per tick, and
+    /// ends the hold of those that now read right (see `control_loop/held_parents.rs`).
+    pub(super) async fn recheck_held_parents(&mut self, config: &Config, now: DateTime<Utc>) {
+        let held: Vec<(String, RepoName)> = self
+            .memory
+            .failures
+            .iter()
+            .filter(|(_, f)| {
+                f.retry_at > now
+                    && matches!(f.class, ErrorClass::Configuration | ErrorClass::NotFound)
+            })
+            .filter_map(|(scope, _)| match scope {
+                Scope::Dispatch(parent, repo) => Some((parent.clone(), repo.clone())),
+                _ => None,
+            })
+            .collect();
+        // One read per parent and namespace, however many repos wait on it.
+        let mut readings: BTreeMap<(Option<String>, String), Option<crate::observe::ParentJob>> =
+            BTreeMap::new();
+        for (parent, repo) in held {
+            let Some(repo_config) = config.repos.get(&repo) else {
+                continue;
+            };
+            let namespace = repo_config.nomad_namespace.clone();
+            let key = (namespace.clone(), parent.clone());
+            if !readings.contains_key(&key) {
+                let read = self
+                    .services
+                    .children
+                    .read_parent(&parent, namespace.as_deref())
+                    .await;
+                if let Err(e) = &read {
+                    debug!("re-check of a held dispatch: {e}");
+                }
+                readings.insert(key.clone(), read.ok());
+            }
+            let Some(reading) = &readings[&key] else {
+                continue;
+            };
+            let problems = crate::observe::parent_problems(repo_config, &parent, reading);
+            let retried_on = self.memory.held_parents.retried_on(&parent, &repo);
+            if recheck(reading, &problems, retried_on) == Recheck::Retry {
+                info!(
+                    repo = %repo,
+                    parent = %parent,
+                    "parent job {parent} now reads right for {repo}: its held dispatch goes again"
+                );
+                self.memory
+                    .failures
+                    .remove(&Scope::Dispatch(parent.clone(), repo.clone()));
+                self.memory
+                    .held_parents
+                    .retrying(&parent, &repo, reading.clone());
+            }
+        }
     }
 }
 

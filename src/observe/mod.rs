@@ -5,7 +5,6 @@
 //! planner then holds back exactly what depended on the missing facts.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -13,37 +12,9 @@ use chrono::{DateTime, Utc};
 use crate::config::{Mode, RepoConfig};
 use crate::model::{ChildId, ErrorClass, LabelSet, RepoName, RunnerName};
 
-/// A failure of one port call, classified so the loop can decide what to do about it. The
-/// message says what was being done and to what; it never carries a secret.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct PortError {
-    pub class: ErrorClass,
-    pub message: String,
-    /// Seconds the service asked us to wait (`retry-after`, or until a rate-limit reset).
-    pub retry_after_s: Option<u64>,
-}
-
-impl PortError {
-    pub fn new(class: ErrorClass, message: impl Into<String>) -> PortError {
-        PortError {
-            class,
-            message: message.into(),
-            retry_after_s: None,
-        }
-    }
-
-    pub fn with_retry_after(mut self, seconds: Option<u64>) -> PortError {
-        self.retry_after_s = seconds;
-        self
-    }
-
-    /// Prefixes the message with what the caller was doing: `list jobs for acme/api: <cause>`.
-    pub fn context(mut self, doing: impl fmt::Display) -> PortError {
-        self.message = format!("{doing}: {}", self.message);
-        self
-    }
-}
+/// A port call's failure is a word of the model: the config watcher, secret reading and every
+/// client speak it too, below this layer.
+pub use crate::model::PortError;
 
 /// Where a forge job stands, as far as the daemon cares.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -227,7 +198,7 @@ pub enum ParentJob {
 }
 
 /// The dispatch meta keys the daemon sends for a repo in `mode`, as the Nomad client writes
-/// them (`DispatchMetaWire` in `clients/nomad.rs`): `runner_token` goes with every runner
+/// them (`DispatchMetaWire` in `clients/nomad/wire.rs`): `runner_token` goes with every runner
 /// the daemon mints a credential for, which in `vault` mode it never does (the runner job
 /// reads its admin token itself).
 pub fn meta_sent(mode: &Mode) -> BTreeSet<&'static str> {
@@ -414,5 +385,85 @@ impl Snapshot {
             .filter(|c| c.repo.as_ref() == Some(repo) && c.child.status.is_in_flight())
             .filter_map(|c| c.child.runner_name.clone())
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ConfigDefaults, parse_document};
+
+    fn repo_of(document: &str) -> RepoConfig {
+        let config = parse_document(document.as_bytes(), &ConfigDefaults::default()).unwrap();
+        config.repos.into_values().next().unwrap()
+    }
+
+    fn parameterized(required: &[&str], optional: &[&str]) -> ParentJob {
+        ParentJob::Parameterized {
+            stopped: false,
+            payload_required: false,
+            meta_required: required.iter().map(|s| s.to_string()).collect(),
+            meta_optional: optional.iter().map(|s| s.to_string()).collect(),
+            modify_index: 7,
+        }
+    }
+
+    #[test]
+    fn vault_mode_sends_no_runner_token_and_the_others_do() {
+        let app = repo_of(r#"{"o/a": {"mode": "app"}}"#);
+        let vault = repo_of(
+            r#"{"o/v": {"mode": "vault", "vaultPath": "p", "registerVaultPath": "r", "defaultJob": "j"}}"#,
+        );
+        assert!(meta_sent(&app.mode).contains("runner_token"));
+        assert!(!meta_sent(&vault.mode).contains("runner_token"));
+        let exact = parameterized(&["repo_url", "runner_name"], &["labels", "managed_by"]);
+        assert_eq!(parent_problems(&vault, "j", &exact), Vec::<String>::new());
+        // The same parent refuses an app repo's token: not permitted.
+        let problems = parent_problems(&app, "ci-runner", &exact);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0]
+                .starts_with("o/a: parent job ci-runner does not permit meta key runner_token"),
+            "{problems:?}"
+        );
+        // A parent that requires a token a vault repo never sends.
+        let token = parameterized(
+            &["repo_url", "runner_name", "runner_token"],
+            &["labels", "managed_by"],
+        );
+        let problems = parent_problems(&vault, "j", &token);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].contains("requires meta key runner_token"),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn a_missing_stopped_or_plain_parent_is_a_problem() {
+        let app = repo_of(r#"{"o/a": {"mode": "app"}}"#);
+        for job in [ParentJob::Missing, ParentJob::NotParameterized] {
+            assert_eq!(parent_problems(&app, "ci-runner", &job).len(), 1, "{job:?}");
+        }
+        // A parent that takes every key app mode sends, stopped or wanting a payload.
+        let taking_all = |stopped, payload_required| ParentJob::Parameterized {
+            stopped,
+            payload_required,
+            meta_required: BTreeSet::new(),
+            meta_optional: meta_sent(&app.mode)
+                .into_iter()
+                .map(str::to_string)
+                .collect(),
+            modify_index: 7,
+        };
+        for (job, problem) in [
+            (taking_all(true, false), "is stopped"),
+            (taking_all(false, true), "requires a payload"),
+        ] {
+            let problems = parent_problems(&app, "ci-runner", &job);
+            assert_eq!(problems.len(), 1, "{problems:?}");
+            assert!(problems[0].contains(problem), "{problems:?}");
+        }
+        assert!(parent_problems(&app, "ci-runner", &taking_all(false, false)).is_empty());
     }
 }

@@ -53,7 +53,7 @@ impl WebhookSecrets {
 /// otherwise serve nothing but 404s).
 pub fn read_secrets(from_vault: Option<SecretString>) -> Result<WebhookSecrets, String> {
     let github = match (
-        crate::cli::read_secret("GITHUB_WEBHOOK_SECRET")?,
+        crate::secrets::read_secret("GITHUB_WEBHOOK_SECRET")?,
         from_vault,
     ) {
         (Some(_), Some(_)) => {
@@ -67,7 +67,7 @@ pub fn read_secrets(from_vault: Option<SecretString>) -> Result<WebhookSecrets, 
     };
     let secrets = WebhookSecrets {
         github,
-        forgejo: crate::cli::read_secret("FORGEJO_WEBHOOK_SECRET")?,
+        forgejo: crate::secrets::read_secret("FORGEJO_WEBHOOK_SECRET")?,
     };
     if secrets.is_empty() {
         return Err(
