@@ -29,12 +29,13 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Only what the build reads (see .dockerignore): the manifest, the lock file, the sources, and
-# tests/ (the `simulate` subcommand compiles in fixtures from tests/fixtures with
-# include_str!, and the manifest names a bench under tests/bench that cargo checks exists).
+# tests/ (the manifest names a bench under tests/bench that cargo checks exists).
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY tests ./tests
-RUN cargo build --release --locked --bin runner-scaler
+# The daemon alone: without the `sim` feature the image has no simulator (no twins, no seeded
+# world, no tokio test-util), and `runner-scaler simulate` says so and exits 64.
+RUN cargo build --release --locked --no-default-features --bin runner-scaler
 
 # ---- run ----
 # `nonroot` runs as uid/gid 65532 by default; USER below says so explicitly and numerically,

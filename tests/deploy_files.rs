@@ -1263,6 +1263,42 @@ fn the_dockerfile_builds_the_release_binary_into_a_shell_less_non_root_image() {
     );
 }
 
+/// The image is the daemon alone: built without default features, so neither the simulator
+/// nor tokio's `test-util` (which lets a paused clock stand still) is in it.
+#[test]
+fn the_image_builds_the_daemon_without_the_simulator() {
+    let stages = dockerfile();
+    let builds: Vec<&str> = stages
+        .iter()
+        .flat_map(|stage| instruction(stage, "RUN"))
+        .filter(|r| r.contains("cargo build"))
+        .collect();
+    assert_eq!(builds.len(), 1, "{builds:?}");
+    assert!(builds[0].contains("--no-default-features"), "{builds:?}");
+    // The manifest's sections, by their headers: what the daemon depends on, and the features.
+    let manifest = read("Cargo.toml");
+    let section = |header: &str| -> Vec<&str> {
+        manifest
+            .lines()
+            .skip_while(|l| l.trim() != header)
+            .skip(1)
+            .take_while(|l| !l.starts_with('['))
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .collect()
+    };
+    let tokio: Vec<&str> = section("[dependencies]")
+        .into_iter()
+        .filter(|l| l.starts_with("tokio "))
+        .collect();
+    assert_eq!(tokio.len(), 1, "{tokio:?}");
+    assert!(!tokio[0].contains("test-util"), "{tokio:?}");
+    let features = section("[features]");
+    assert!(
+        features.contains(&"sim = [\"tokio/test-util\"]"),
+        "{features:?}"
+    );
+}
+
 /// openssl-sys (consulrs → reqwest 0.11 → native-tls) compiles against the system OpenSSL: its
 /// build script needs pkg-config and libssl-dev's headers, which the `-slim` Rust images lack.
 /// Whenever Cargo.lock has it, the build stage installs both before it runs `cargo build`.
