@@ -52,32 +52,36 @@ pub(crate) fn runtime() -> tokio::runtime::Runtime {
         .expect("start the tokio runtime")
 }
 
-/// Runs one parsed command line; what the process exits with.
+/// Runs one parsed command line; what the process exits with. `config check` starts no
+/// logging: its findings are its output, plain lines on stdout and stderr.
 pub fn run_command(command: Command, log_format: LogFormat) -> ExitCode {
-    if let Command::Config {
-        command: ConfigCommand::Check { file, live, daemon },
-    } = &command
-    {
-        // Its findings are its output, plain lines on stdout and stderr, with no log lines
-        // between them.
-        return config_check::config_check(file, *live, daemon);
-    }
-    init_tracing(log_format);
     match command {
+        Command::Config {
+            command: ConfigCommand::Check { file, live, daemon },
+        } => config_check::config_check(&file, live, &daemon),
         Command::Run {
             daemon: args,
             dry_run,
-        } => runtime().block_on(run::run(*args, dry_run)),
+        } => {
+            init_tracing(log_format);
+            runtime().block_on(run::run(*args, dry_run))
+        }
         Command::Once {
             daemon,
             dry_run,
             json,
-        } => runtime().block_on(once::once(*daemon, dry_run, json)),
+        } => {
+            init_tracing(log_format);
+            runtime().block_on(once::once(*daemon, dry_run, json))
+        }
         Command::Status { daemon, json, addr } => {
+            init_tracing(log_format);
             runtime().block_on(status::status(*daemon, json, addr))
         }
-        Command::Simulate(args) => simulate_command(args),
-        Command::Config { .. } => unreachable!("handled above"),
+        Command::Simulate(args) => {
+            init_tracing(log_format);
+            simulate_command(args)
+        }
     }
 }
 
