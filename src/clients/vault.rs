@@ -423,8 +423,6 @@ impl VaultKv {
     }
 }
 
-pub use crate::secrets::grants_read;
-
 #[async_trait]
 impl crate::secrets::CapabilityProbe for VaultKv {
     async fn capabilities(
