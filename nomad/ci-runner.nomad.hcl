@@ -12,6 +12,9 @@
 # hashicorp/nomad command/helpers.go and jobspec2/parse.go), and submitted inside the job as
 # a template: nothing to host, no artifact to fetch, and the job holds exactly the script of
 # the checkout it was run from.
+#
+# Needs Nomad >= 1.8 (the `disconnect` block below; node pools need >= 1.6; README, "Minimum
+# versions and cluster settings").
 
 variable "namespace" {
   description = "Namespace of this parent and its children (terraform var.runner_namespace; the daemon's RUNNER_SCALER_RUNNER_NAMESPACE)."
@@ -80,11 +83,43 @@ job "ci-runner" {
       mode     = "fail"
     }
 
-    # Same for a lost node: the child ends dead, runner-scaler purges it and dispatches a
-    # fresh one with a fresh credential if the job is still queued.
+    # Nor on another node after it failed: a failed child ends dead, runner-scaler purges it
+    # and dispatches a fresh one with a fresh credential if the job is still queued.
     reschedule {
       attempts  = 0
       unlimited = false
+    }
+
+    # A lost node is no reschedule: Nomad replaces the allocations of a lost node whatever
+    # `reschedule` says, and a replacement reads the same dispatch meta, so it would boot with
+    # the credential the first allocation spent (exit 4, a false "possible credential theft",
+    # for a wrapped one; a failed start that backs the bucket off for a plain one). Nomad >= 1.8
+    # (hashicorp/nomad docs, job-specification/disconnect). Nomad ignores this block for a
+    # drain: see README, "Runner nodes and drains".
+    disconnect {
+      # A node that misses its heartbeats is "disconnected", not down, for this long, and its
+      # allocations "unknown", not lost: a runner on a partitioned node keeps running (often
+      # still in touch with GitHub, keeping its job), and the daemon still counts it. 6h30m
+      # outlasts the runner's idle wait (RUNNER_IDLE_TIMEOUT, 15m) plus a job of GitHub's
+      # default timeout-minutes (6h; a Forgejo runner's default timeout is 3h): a runner still
+      # running when its node returns is one Nomad has not given up on. Workflows with a longer
+      # timeout-minutes: raise it to match, as for hardBoundMinutes. After it the node is down
+      # and, on Nomad 1.8, 1.9 and >= 1.11.2, the allocation lost and replaced after all
+      # (1.10.0 to 1.11.1 leave it unknown): what ends a runner left on a dead node, and how to
+      # tell that replacement's exit 4 from a theft, is in the README, "Runner nodes and
+      # drains".
+      lost_after = "6h30m"
+      # No second allocation while the first is unknown (the default, true, places one at
+      # once). It holds only with lost_after: without it Nomad >= 1.11.2 replaces at once
+      # (hashicorp/nomad#27053).
+      replace = false
+      # When the node comes back and a replacement exists anyway, keep the original: it holds
+      # the credential and may be running a job, while the replacement found the credential
+      # spent. "keep_original: Always keep the original allocation"; best_score (the default)
+      # keeps the one on the better-scoring node and keep_replacement the replacement, both
+      # stopping the original mid-job; longest_running compares task start times. An original
+      # that ended while its node was away stays ended: only a running one reconnects.
+      reconcile = "keep_original"
     }
 
     ephemeral_disk {

@@ -5,6 +5,9 @@
 # wrapped by Vault. The task runs the runner contract, nomad/runner/entrypoint.sh (README,
 # "The runner contract"), read with file() relative to this file: `nomad job run
 # nomad/forgejo-runner.nomad.hcl` works as shipped.
+#
+# Needs Nomad >= 1.8 (the `disconnect` block below; node pools need >= 1.6; README, "Minimum
+# versions and cluster settings").
 
 variable "image" {
   description = "The runner's image. The default, Forgejo's own, has no Node: jobs run in it directly (`<label>:host`), so `run:` steps work and `uses:` actions written in JavaScript (actions/checkout and most others) fail. For those, build nomad/runner/forgejo-runner.Dockerfile (this image plus nodejs, curl and the CA bundle) and pass its tag here (README, \"Runner images\")."
@@ -68,6 +71,18 @@ job "forgejo-build-runner" {
     reschedule {
       attempts  = 0
       unlimited = false
+    }
+
+    # Not booted twice with one credential when its node misses its heartbeats: "unknown" for
+    # lost_after, never replaced meanwhile, and kept over any replacement when the node
+    # returns; the values and why are in ci-runner.nomad.hcl (6h30m also covers a Forgejo
+    # runner's default job timeout, 3h). The daemon never stops a forgejo-mode runner whose
+    # allocation may run, `unknown` included: on a dead node it holds its slot until Nomad or
+    # an operator ends it (README, "Runner nodes and drains").
+    disconnect {
+      lost_after = "6h30m"
+      replace    = false
+      reconcile  = "keep_original"
     }
 
     task "runner" {

@@ -22,6 +22,10 @@
 # writes the credential as that uid with mode 0400, the runner task reads and deletes it.
 # Scripts come from nomad/runner/ through file(), relative to this file (see
 # ci-runner.nomad.hcl): `nomad job run nomad/github-runner-vault.nomad.hcl` works as shipped.
+#
+# Needs Nomad >= 1.8 (the `disconnect` block below); the mint task's workload identity for
+# Vault needs >= 1.7 with the servers' vault.default_identity (README, "Minimum versions and
+# cluster settings").
 
 variable "job_id" {
   description = "This parent's job id: the job_id of its entry in terraform var.vault_mode_runners, which its Vault role is bound to (with vault_runner_namespace and the task mint). The document's profile for the repo names it."
@@ -113,6 +117,19 @@ job "github-runner-moat-vm" {
     reschedule {
       attempts  = 0
       unlimited = false
+    }
+
+    # A runner on a node that misses its heartbeats stays "unknown" for lost_after and is not
+    # replaced, and a runner that comes back wins over any replacement: the values and why are
+    # in ci-runner.nomad.hcl. Here a replacement allocation would run the mint task again (a
+    # fresh JIT config for the same runner name: a second runner of that name, or a failed
+    # start if GitHub refuses the name) rather than replay a credential; but the daemon never
+    # stops or purges a vault-mode child, so a runner left `unknown` on a dead node holds its
+    # slot until Nomad or an operator ends it (README, "Runner nodes and drains").
+    disconnect {
+      lost_after = "6h30m"
+      replace    = false
+      reconcile  = "keep_original"
     }
 
     ephemeral_disk {

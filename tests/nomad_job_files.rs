@@ -5,6 +5,7 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use hcl::{Body, Expression, TemplateExpr};
 use support::hcl_files::{
@@ -157,6 +158,83 @@ fn runner_children_are_never_restarted_or_rescheduled() {
             let reschedule = block(group, "reschedule").body();
             assert_eq!(number(attr(reschedule, "attempts")), 0, "{file}");
             assert!(!boolean(attr(reschedule, "unlimited")), "{file}");
+        }
+    }
+}
+
+/// GitHub's default `timeout-minutes` of a job (a Forgejo runner's default timeout is 3h).
+const DEFAULT_JOB_TIMEOUT: Duration = Duration::from_secs(360 * 60);
+
+/// The group fields `disconnect {}` replaced in Nomad 1.8.
+const DEPRECATED_DISCONNECT_FIELDS: [&str; 3] = [
+    "max_client_disconnect",
+    "prevent_reschedule_on_lost",
+    "stop_after_client_disconnect",
+];
+
+fn duration(expr: &Expression) -> Duration {
+    let value = text(expr);
+    humantime::parse_duration(&value).unwrap_or_else(|e| panic!("{value} is no duration: {e}"))
+}
+
+/// A runner's dispatch meta holds its one credential, and every allocation of the child reads
+/// the same meta: a replacement allocation boots with a credential its first allocation spent.
+/// So on a node that misses heartbeats the allocation goes `unknown` and is not replaced while
+/// it is (`replace = false`, which needs `lost_after`: without it Nomad 1.11.2 and later
+/// replace at once); `lost_after` outlasts a job of the default timeout that starts at the end of the
+/// runner's idle wait, so a partitioned runner still running is kept when the node returns; and
+/// a reconnecting runner always wins over any replacement (`keep_original`). No
+/// `stop_on_client_after`: it would kill a partitioned runner's job. The deprecated group
+/// fields are ignored from Nomad 1.10 (1.8 and 1.9 refuse `prevent_reschedule_on_lost`
+/// beside `replace`).
+#[test]
+fn runner_children_are_never_replaced_on_a_lost_node_and_win_when_it_returns() {
+    for file in RUNNER_JOBS {
+        let job = job(file);
+        for deprecated in DEPRECATED_DISCONNECT_FIELDS {
+            assert!(
+                optional_attr(&job, deprecated).is_none(),
+                "{file}: {deprecated}"
+            );
+        }
+        for group in blocks(&job, "group") {
+            let group = group.body();
+            for deprecated in DEPRECATED_DISCONNECT_FIELDS {
+                assert!(
+                    optional_attr(group, deprecated).is_none(),
+                    "{file}: {deprecated} (use disconnect {{}})"
+                );
+            }
+            let disconnect = blocks(group, "disconnect");
+            assert_eq!(disconnect.len(), 1, "{file}: no disconnect block");
+            let disconnect = disconnect[0].body();
+            assert!(!boolean(attr(disconnect, "replace")), "{file}: replace");
+            assert_eq!(
+                text(attr(disconnect, "reconcile")),
+                "keep_original",
+                "{file}"
+            );
+            assert!(
+                optional_attr(disconnect, "stop_on_client_after").is_none(),
+                "{file}: stop_on_client_after kills a partitioned runner's job"
+            );
+            let lost_after = duration(attr(disconnect, "lost_after"));
+            let mut runners = 0;
+            for task in blocks(group, "task") {
+                if blocks(task.body(), "env").is_empty() {
+                    continue;
+                }
+                let Some(idle) = env_value(&env_of(task.body()), "RUNNER_IDLE_TIMEOUT") else {
+                    continue;
+                };
+                let idle = humantime::parse_duration(&idle).expect("RUNNER_IDLE_TIMEOUT");
+                assert!(
+                    lost_after >= idle + DEFAULT_JOB_TIMEOUT,
+                    "{file}: lost_after {lost_after:?} is shorter than the idle wait and a job"
+                );
+                runners += 1;
+            }
+            assert_eq!(runners, 1, "{file}: one task with RUNNER_IDLE_TIMEOUT");
         }
     }
 }

@@ -648,9 +648,17 @@ fn a_credential_someone_else_unwrapped_first_exits_4_and_never_registers() {
     install_actions_runner(&scratch, Listener::Job);
     let wrapping = "hvs.CAESIstolen-wrapping-token";
     let (address, _vault) = start_vault(&[]);
+    let child = "ci-runner/dispatch-acme-api-1764590400-5b1e0c2a";
+    let allocation = "8c2d7e4a-1f0b-4c3e-9a6d-2b5f0e7c1d93";
     let done = run(entrypoint(
         &scratch,
-        &[("RUNNER_TOKEN", wrapping), ("VAULT_ADDR", &address)],
+        &[
+            ("RUNNER_TOKEN", wrapping),
+            ("VAULT_ADDR", &address),
+            ("NOMAD_JOB_ID", child),
+            ("NOMAD_ALLOC_ID", allocation),
+            ("NOMAD_NAMESPACE", "ci-runners"),
+        ],
     ));
     done.assert_code(4);
     assert!(
@@ -658,6 +666,22 @@ fn a_credential_someone_else_unwrapped_first_exits_4_and_never_registers() {
         "{}",
         done.context()
     );
+    // A replacement allocation of the same child (after a lost node or a drain) finds the
+    // credential its first allocation spent: the log names this allocation and the command
+    // that lists the child's allocations, so the two can be told apart.
+    assert!(
+        done.stderr
+            .contains(&format!("this is allocation {allocation} of {child}")),
+        "{}",
+        done.context()
+    );
+    assert!(
+        done.stderr
+            .contains(&format!("`nomad job status -namespace ci-runners {child}`")),
+        "{}",
+        done.context()
+    );
+    assert_holds_none("the entrypoint's output", &done.context(), &[wrapping]);
     assert!(scratch.record("config.argv").is_none());
     assert!(scratch.record("run.argv").is_none(), "no listener started");
 }

@@ -40,7 +40,8 @@
 #   2  bad settings (missing meta, an unknown mode, an unparseable timeout)
 #   3  no job was ever assigned: the idle timeout stopped the runner, Nomad stopped it, or
 #      the listener ended by itself without one
-#   4  the wrapped credential had already been unwrapped by someone else (possible theft)
+#   4  the wrapped credential had already been unwrapped by someone else (possible theft),
+#      or by an earlier allocation of this child (a replacement): the log says how to tell
 #   1 or the runner's own code: the runner failed (a code of 2, 3 or 4 becomes 1)
 #
 # Secrets: the script first starts itself again without any secret in its environment (see
@@ -209,6 +210,12 @@ if [[ $wrapped == true ]]; then
   if [[ $status == 400 && $body == *"wrapping token is not valid or does not exist"* ]]; then
     log "SECURITY: the wrapped credential for runner $runner_name was already unwrapped or has expired."
     log "SECURITY: if it was not expired, someone else read it: possible credential theft. Not registering."
+    # Every allocation of a child reads the same dispatch meta: a second allocation of it (the
+    # replacement of one on a lost or drained node) finds the credential its first one spent.
+    # Where to look, with ids that are no secret.
+    if [[ -n ${NOMAD_JOB_ID:-} && -n ${NOMAD_ALLOC_ID:-} ]]; then
+      log "SECURITY: this is allocation $NOMAD_ALLOC_ID of $NOMAD_JOB_ID: if \`nomad job status -namespace ${NOMAD_NAMESPACE:-default} $NOMAD_JOB_ID\` lists an earlier allocation of it (lost, unknown, or stopped by a drain), that one unwrapped the credential and this is a replacement; if it lists only this one, no allocation of this runner did."
+    fi
     exit 4
   fi
   [[ $status == 200 ]] || die 1 "Vault refused to unwrap the credential (HTTP $status)"
