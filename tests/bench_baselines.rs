@@ -55,10 +55,10 @@ fn the_seed_poller_grows_dispatches_in_a_full_cluster_where_ours_does_not() {
 
 #[test]
 fn ephemerd_before_its_veto_destroys_a_busy_runner_where_ours_never_does() {
-    // Seed 9 of `cancellations` is the ephemerd incident: a cancellation shows while a runner
+    // Seed 31 of `cancellations` meets the ephemerd incident: a cancellation shows while a runner
     // has just taken a job whose `in_progress` has not shown yet; its intent job was taken by a
     // sibling, so the sweep finds it unbound, discharged and surplus, and destroys it.
-    let pre_veto = outcomes(Scenario::Cancellations, 9..=9, Strategy::EphemerdPreVeto);
+    let pre_veto = outcomes(Scenario::Cancellations, 31..=31, Strategy::EphemerdPreVeto);
     assert!(
         pre_veto[0].counts.escaped_busy > 0,
         "{:?}",

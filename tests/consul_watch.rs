@@ -54,7 +54,8 @@ async fn start_watching(twin: &ConsulTwin) -> Running {
     };
     let kv = ConsulKv::new(&settings, KEY).unwrap();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let (state, task) = watch::spawn(kv, ConfigDefaults::default(), quick(), async {
+    let jitter = rand::SeedableRng::seed_from_u64(1);
+    let (state, task) = watch::spawn(kv, ConfigDefaults::default(), quick(), jitter, async {
         let _ = stop_rx.await;
     });
     Running {

@@ -167,34 +167,28 @@ pub async fn run(args: DaemonArgs, dry_run: bool) -> ExitCode {
             if let Some(hints) = &hints {
                 controller = controller.with_hints(hints.clone());
             }
-            let consul = SharedKv(consul.clone());
-            let defaults = built.defaults.clone();
+            let document = crate::control_loop::DocumentWatch {
+                source: SharedKv(consul.clone()),
+                defaults: built.defaults.clone(),
+                settings: WatchSettings::default(),
+                jitter: StdRng::from_rng(&mut rng),
+            };
             let metrics = metrics.clone();
             async move {
-                let (watch_stop_tx, watch_stop_rx) = tokio::sync::watch::channel(false);
-                let (config_rx, watcher) = crate::config::watch::spawn(
-                    consul,
-                    defaults,
-                    WatchSettings::default(),
-                    async move {
-                        let mut watch_stop_rx = watch_stop_rx;
-                        let _ = watch_stop_rx.wait_for(|stop| *stop).await;
-                    },
-                );
-                tokio::spawn(crate::report::record::count_config_rejections(
-                    metrics,
-                    config_rx.clone(),
-                ));
-                crate::control_loop::run(
+                crate::control_loop::serve_term(
                     controller,
-                    config_rx,
+                    document,
                     &crate::clock::SystemClock,
                     dry_run,
                     stop,
+                    |config| {
+                        tokio::spawn(crate::report::record::count_config_rejections(
+                            metrics,
+                            config.clone(),
+                        ));
+                    },
                 )
                 .await;
-                let _ = watch_stop_tx.send(true);
-                let _ = watcher.await;
             }
         };
     let outcome = if dry_run {

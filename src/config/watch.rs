@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use rand::rngs::StdRng;
 use rand::{Rng, RngCore};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -114,18 +115,21 @@ impl Default for WatchSettings {
     }
 }
 
-/// Starts [`watch`] on its own task and returns the channel it publishes on.
+/// Starts [`watch`] on its own task and returns the channel it publishes on. `jitter` draws
+/// the backoff's jitter (the seeded world passes a stream of its seed, so a replay backs off
+/// the same way).
 pub fn spawn<S>(
     source: S,
     defaults: ConfigDefaults,
     settings: WatchSettings,
+    jitter: StdRng,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> (watch::Receiver<ConfigState>, JoinHandle<()>)
 where
     S: DocumentSource + 'static,
 {
     let (tx, rx) = watch::channel(ConfigState::default());
-    let task = tokio::spawn(watch(source, defaults, settings, tx, shutdown));
+    let task = tokio::spawn(watch(source, defaults, settings, jitter, tx, shutdown));
     (rx, task)
 }
 
@@ -134,6 +138,7 @@ pub async fn watch<S, F>(
     source: S,
     defaults: ConfigDefaults,
     settings: WatchSettings,
+    mut jitter: StdRng,
     tx: watch::Sender<ConfigState>,
     shutdown: F,
 ) where
@@ -143,6 +148,7 @@ pub async fn watch<S, F>(
     let mut shutdown = std::pin::pin!(shutdown);
     let stop = async {
         tokio::select! {
+            biased;
             _ = &mut shutdown => {}
             _ = tx.closed() => {}
         }
@@ -160,10 +166,11 @@ pub async fn watch<S, F>(
         let started = Instant::now();
         let request_index = watcher.request_index();
         let result = tokio::select! {
+            biased;
             _ = &mut stop => break,
             result = source.fetch(request_index, watcher.settings.wait) => result,
         };
-        let pause = watcher.absorb(result, &mut rand::rng());
+        let pause = watcher.absorb(result, &mut jitter);
         tx.send_if_modified(|published| {
             let changed = *published != watcher.state;
             if changed {
@@ -176,6 +183,7 @@ pub async fn watch<S, F>(
             Pause::RateLimit => started + watcher.settings.fetch_interval_min,
         };
         tokio::select! {
+            biased;
             _ = &mut stop => break,
             _ = tokio::time::sleep_until(resume_at) => {}
         }
@@ -187,49 +195,6 @@ enum Pause {
     Backoff(Duration),
     Poll(Duration),
     RateLimit,
-}
-
-/// The watcher's rules without its task and timers, for a driver that keeps its own time (the
-/// simulated world): which index to ask for, what an answer does to the state, and how long to
-/// wait before the next read.
-pub struct Follower(Watcher);
-
-impl Follower {
-    pub fn new(defaults: ConfigDefaults, settings: WatchSettings) -> Follower {
-        Follower(Watcher {
-            defaults,
-            settings,
-            state: ConfigState::default(),
-            index: None,
-            newest_bytes: None,
-            failures: 0,
-        })
-    }
-
-    /// The index the next read blocks on (`0`: do not block).
-    pub fn request_index(&self) -> u64 {
-        self.0.request_index()
-    }
-
-    /// Takes in one read's result; returns the least time until the next read starts.
-    pub fn absorb(
-        &mut self,
-        result: Result<Fetched, PortError>,
-        jitter: &mut dyn RngCore,
-    ) -> Duration {
-        match self.0.absorb(result, jitter) {
-            Pause::Backoff(delay) | Pause::Poll(delay) => delay,
-            Pause::RateLimit => self.0.settings.fetch_interval_min,
-        }
-    }
-
-    pub fn state(&self) -> &ConfigState {
-        &self.0.state
-    }
-
-    pub fn settings(&self) -> &WatchSettings {
-        &self.0.settings
-    }
 }
 
 struct Watcher {
@@ -422,6 +387,7 @@ mod tests {
                 source,
                 ConfigDefaults::default(),
                 WatchSettings::default(),
+                rand::SeedableRng::seed_from_u64(1),
                 async {
                     let _ = stop_rx.await;
                 },

@@ -17,11 +17,13 @@ mod pause;
 pub mod polls;
 mod reading;
 mod takeback;
+mod term;
 mod ticks;
 mod waits;
 
 use failures::{Failure, Scope};
 use reading::{read_each_repo, read_exit_codes};
+pub use term::{DocumentWatch, serve_term};
 pub use ticks::run;
 
 pub use takeback::{CRASH_BACKOFF_FIRST, CRASH_BACKOFF_MAX, crash_delay};

@@ -645,6 +645,7 @@ pub async fn run_world(options: WorldOptions) -> Result<WorldSummary, String> {
             wait: Duration::from_secs(2),
             ..WatchSettings::default()
         },
+        StdRng::from_os_rng(),
         shutdown(stop_rx.clone()),
     );
     let daemon = tokio::spawn({

@@ -261,6 +261,7 @@ impl Hints {
                     // is not a hair early and spins.
                     let wait = Duration::from_millis(wait.as_nanos().div_ceil(1_000_000) as u64);
                     tokio::select! {
+                        biased;
                         () = tokio::time::sleep(wait) => {}
                         () = offered => {}
                     }

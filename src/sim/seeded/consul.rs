@@ -1,18 +1,20 @@
-//! Consul as the daemon meets it: the document behind a blocking query, outages, and an
-//! invalid edit someone makes and later fixes. The daemon's own watcher rules
-//! ([`Follower`]) decide what is applied, so a bad edit or an outage must leave the loop
-//! running on the last good document.
+//! Consul's side of the document, as the daemon's own watcher meets it: the key behind a
+//! blocking query, Consul's outages, and an invalid edit someone makes and later fixes. The
+//! daemon reads it through the real watcher (`config::watch`), so a bad edit or an outage
+//! must leave the loop running on the last good document.
 
-use std::sync::Arc;
+use std::time::Duration;
 
-use rand::rngs::StdRng;
+use async_trait::async_trait;
+use tokio::time::Instant;
 
 use super::options::Service;
-use super::ports::{Call, Scope, Sim};
-use crate::config::watch::{Fetched, Follower, WatchSettings};
-use crate::config::{Config, ConfigDefaults};
+use super::ports::{Call, Scope, Shared, Sim, lock};
+use crate::config::watch::{DocumentSource, Fetched};
+use crate::model::PortError;
 
-/// The key's modify index: it moves on every write, so each edit (and its fix) has its own.
+/// The key as stored at the current second: its text and modify index (which moves on every
+/// write, so each edit and its fix have their own).
 fn stored(sim: &Sim) -> (String, u64) {
     match sim.options.bad_document {
         Some((start, end)) if start <= sim.t && sim.t < end => (sim.options.bad_document_text(), 2),
@@ -21,73 +23,54 @@ fn stored(sim: &Sim) -> (String, u64) {
     }
 }
 
-/// The daemon's side of the key: its watcher rules, on the world's time.
-pub struct ConsulWatch {
-    follower: Follower,
-    next_read_s: u64,
-    /// When the blocking query in flight started.
-    blocked_since: Option<u64>,
-    rng: StdRng,
-}
+/// The document key, read by one daemon's watcher.
+pub struct SimDocument(pub Shared);
 
-impl ConsulWatch {
-    pub fn new(rng: StdRng) -> ConsulWatch {
-        ConsulWatch {
-            follower: Follower::new(ConfigDefaults::default(), WatchSettings::default()),
-            next_read_s: 0,
-            blocked_since: None,
-            rng,
-        }
-    }
-
-    /// Moves the watcher to `sim.t`: a blocking query answers when the key's index moves past
-    /// the one asked for, when its wait runs out, or when Consul goes away under it.
-    pub fn step(&mut self, sim: &mut Sim) {
-        let t = sim.t;
-        if t < self.next_read_s {
-            return;
-        }
-        let (text, index) = stored(sim);
-        let asked = self.follower.request_index();
-        let down = sim.options.outage_at(Service::Consul, t).is_some();
-        if asked > 0 && index <= asked && !down {
-            let since = *self.blocked_since.get_or_insert(t);
-            if t - since < self.follower.settings().wait.as_secs() {
-                return;
+#[async_trait]
+impl DocumentSource for SimDocument {
+    async fn fetch(&self, index: u64, wait: Duration) -> Result<Fetched, PortError> {
+        let there = lock(&self.0).transit(Service::Consul);
+        tokio::time::sleep(there).await;
+        // A blocking query: held until the key is written past `index`, the wait runs out,
+        // or Consul goes away under it.
+        let deadline = Instant::now() + wait;
+        loop {
+            let (index_now, down) = {
+                let sim = lock(&self.0);
+                let down = sim.options.outage_at(Service::Consul, sim.t).is_some();
+                (stored(&sim).1, down)
+            };
+            if index == 0 || index_now > index || down {
+                break;
             }
+            // The key is written, and Consul goes away, on whole seconds of the world: look
+            // again at each.
+            let step = Duration::from_secs(1);
+            if Instant::now() + step >= deadline {
+                tokio::time::sleep_until(deadline).await;
+                break;
+            }
+            tokio::time::sleep(step).await;
         }
-        self.blocked_since = None;
-        let result = sim
-            .call(Call {
+        let answer = {
+            let mut sim = lock(&self.0);
+            sim.call(Call {
                 scope: Scope::Document,
                 service: Service::Consul,
                 via_vault: false,
                 budget: None,
                 what: "read the configuration key",
             })
-            .map(|()| Fetched::Found {
-                bytes: text.into_bytes(),
-                index,
-            });
-        let failed = result.is_err();
-        let pause = self.follower.absorb(result, &mut self.rng);
-        self.next_read_s = t + pause.as_secs_f64().ceil().max(1.0) as u64;
-        if !failed && index != 1 {
-            let applied = self.follower.state().applied_index;
-            sim.trace.record(
-                t,
-                format!("consul read index {index}; applied index {applied:?}"),
-            );
-        }
-    }
-
-    /// The document the loop runs on: the last good one read.
-    pub fn config(&self) -> Option<Arc<Config>> {
-        self.follower.state().config.clone()
-    }
-
-    /// The index of the document the loop runs on (its config version).
-    pub fn applied_index(&self) -> u64 {
-        self.follower.state().applied_index.unwrap_or(0)
+            .map(|()| {
+                let (text, index) = stored(&sim);
+                Fetched::Found {
+                    bytes: text.into_bytes(),
+                    index,
+                }
+            })
+        };
+        let back = lock(&self.0).transit(Service::Consul);
+        tokio::time::sleep(back).await;
+        answer
     }
 }

@@ -17,11 +17,12 @@
 //!   replacement; per bucket, at most six dispatches in ten minutes while its runners keep
 //!   failing to start.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use serde::Serialize;
 
+use super::STEP_S;
 use super::options::ForgeKind;
 use super::ports::{Scope, Sim};
 use super::world::{Counts, Phase, Visible};
@@ -30,6 +31,70 @@ use crate::model::{BucketKey, ChildId, LabelSet, RepoName, RunnerName};
 
 /// Invariants that cannot be judged yet, shown in every summary: none.
 pub const PENDING: &[&str] = &[];
+
+/// A tick's own work besides its calls, and the rounding of their times to whole seconds.
+pub const TICK_SLACK_S: u64 = 2;
+
+/// How long a tick takes at the latencies of each service's body (not its tail; a call
+/// drawn from a service's tail excuses what it holds back, as a fault does, until it is
+/// over), when it sends `dispatches` runners. Its reads first, a round trip each: a GitHub
+/// repo's runs by each status that can hold a queued job, then the jobs of each of its open
+/// runs, then its registrations, one after another (GitHub asks for requests in series);
+/// a Forgejo repo's one search; repos `list_concurrency_max` at a time. Then Nomad's
+/// discovery, listings and re-reads, and the lock's renew. Then, for each runner, a mint
+/// (an installation token and a JIT configuration) and a dispatch, one after another. The
+/// world moves meanwhile.
+pub fn tick_time_s(sim: &Sim, dispatches: u64) -> u64 {
+    use super::options::Service;
+    let o = &sim.options;
+    let round_trip = |service: Service| 2 * o.latency(service).body_ms.1;
+    let github = round_trip(Service::GitHub);
+    let forgejo = round_trip(Service::Forgejo);
+    let nomad = round_trip(Service::Nomad);
+    let mut runs: BTreeMap<&RepoName, BTreeSet<u64>> = BTreeMap::new();
+    for job in sim.world.jobs.values() {
+        if job.visible != Visible::Hidden && job.forge == ForgeKind::GitHub {
+            runs.entry(&job.repo).or_default().insert(job.run);
+        }
+    }
+    let statuses = crate::clients::github::RUN_STATUSES_WITH_QUEUED_JOBS.len() as u64;
+    let per_repo: Vec<u64> = o
+        .repos
+        .iter()
+        .map(|r| match r.forge {
+            ForgeKind::GitHub => {
+                let open = RepoName::parse(r.name)
+                    .and_then(|name| runs.get(&name).map(|runs| runs.len() as u64))
+                    .unwrap_or(0);
+                (statuses + open + 1) * github
+            }
+            ForgeKind::Forgejo => forgejo,
+        })
+        .collect();
+    let at_once = crate::control_loop::LoopSettings::default().list_concurrency_max as u64;
+    let forge_reads_ms = per_repo
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(0)
+        .max(per_repo.iter().sum::<u64>().div_ceil(at_once.max(1)));
+    let reads_ms = forge_reads_ms + 3 * nomad + round_trip(Service::Consul);
+    let per_runner_ms = 2 * github.max(forgejo) + nomad;
+    (reads_ms + dispatches * per_runner_ms).div_ceil(1000) + TICK_SLACK_S
+}
+
+/// The most runners one tick can send: every cap's room at once.
+pub fn dispatches_max(sim: &Sim) -> u64 {
+    let repos: u64 = sim
+        .config
+        .repos
+        .values()
+        .map(|r| u64::from(r.max_concurrent))
+        .sum();
+    sim.options
+        .max_in_flight
+        .map_or(repos, |cap| repos.min(u64::from(cap)))
+}
 
 /// Dispatches a crash-looping bucket may get in [`CRASH_WINDOW_S`] (issue 10).
 pub const CRASH_DISPATCHES_MAX: usize = 6;
@@ -66,7 +131,9 @@ pub struct ConvergenceBound {
 /// and I4, per child, since when it should have been taken back.
 pub struct Checker {
     /// Per short bucket: since when, and by when a dispatch is owed.
-    short_since: BTreeMap<BucketKey, (u64, u64)>,
+    /// Per cap with room while buckets under it are short, one entry per runner owed, the
+    /// oldest first: since when, and by when a dispatch is owed.
+    short_since: BTreeMap<CapKey, std::collections::VecDeque<(u64, u64)>>,
     dispatch_within_s: u64,
     idle_poll_interval_s: u64,
     /// Child → since when it has been surplus (idle and registered, or unplaced) with no
@@ -199,10 +266,25 @@ impl Checker {
         }
         let used = CapUse::of(sim);
         let covered = covered_by_wider(&loads);
-        let mut still_short = BTreeMap::new();
-        for (key, load) in loads {
+        // A tick that sends every runner the queue asks for (as far as the caps allow) takes
+        // that much longer to reach the last of them.
+        let queued: u64 = loads.values().map(|l| u64::from(l.queued)).sum();
+        // The tick under way when room opens may have read before it did, and the next starts
+        // a poll interval after it began, or when it ends if it overran.
+        let tick_s = tick_time_s(sim, queued.min(dispatches_max(sim)));
+        let within_s = self.dispatch_within_s.max(tick_s + STEP_S) + tick_s;
+        // Each short bucket, unless something excuses it: how many runners it misses, the caps
+        // it counts against and by when a runner is owed to room that opens now.
+        struct Short {
+            key: BucketKey,
+            missing: u32,
+            caps: Vec<CapKey>,
+            load: String,
+        }
+        let mut short = Vec::new();
+        for (key, load) in &loads {
             let demand = load.demand();
-            if demand <= load.supply + covered[&key] {
+            if demand <= load.supply + covered[key] {
                 continue;
             }
             let Some(repo) = sim.config.repos.get(&key.repo) else {
@@ -213,38 +295,111 @@ impl Checker {
             };
             let excuse = used
                 .full(sim, &key.repo, &route)
+                .or_else(|| leader_excuse(sim))
+                .or_else(|| slow_call_excuse(sim))
                 .or_else(|| fault_excuse(sim, &key.repo, &route))
-                .or_else(|| crash_excuse(sim, &key, self.dispatch_within_s))
-                .or_else(|| freed_by_stop(sim, &key.repo, self.dispatch_within_s));
-            let owed = |since: u64| {
-                let soon = since + self.dispatch_within_s;
-                match sim.queue_reads.get(&key.repo) {
-                    // Idle at its last read: read again an idle interval later.
-                    Some(read) if !read.busy => {
-                        soon.max(read.at_s + self.idle_poll_interval_s + self.dispatch_within_s)
-                    }
-                    // Never read: the daemon spreads a fleet's first reads over its first
-                    // idle interval (a webhook hint is read at once all the same).
-                    None => soon.max(self.idle_poll_interval_s + self.dispatch_within_s),
-                    _ => soon,
-                }
+                .or_else(|| crash_excuse(sim, key, within_s))
+                .or_else(|| freed_by_stop(sim, &key.repo, within_s));
+            if excuse.is_some() {
+                continue;
+            }
+            // A repo idle at its last read is read again an idle interval later; one not read
+            // in this term yet, within the term's first idle interval (a daemon spreads a
+            // fleet's first reads over it; a webhook hint is read at once all the same).
+            let read_due_s = match sim.queue_reads.get(&key.repo) {
+                Some(read) if !read.busy => read.at_s + self.idle_poll_interval_s,
+                None => sim.lock.term().map_or(0, |term| term.began_s) + self.idle_poll_interval_s,
+                Some(_) => 0,
             };
-            let (since, deadline) = match (excuse, self.short_since.get(&key)) {
-                (None, Some(known)) => *known,
-                _ => (t, owed(t)),
-            };
-            if t > deadline {
+            if t < read_due_s {
+                continue;
+            }
+            short.push(Short {
+                key: key.clone(),
+                missing: demand - load.supply - covered[key],
+                caps: CapKey::of(sim, &key.repo, &route),
+                load: format!(
+                    "demand {demand} (queued {}, in progress {}, claimed {}), supply {} and {} \
+                     spare wider runners",
+                    load.queued, load.in_progress, load.claimed, load.supply, covered[key]
+                ),
+            });
+        }
+        // Room under a cap while buckets under it are short is owed their runners: each unit
+        // of room from the moment it opened, the oldest first (a dispatch for any bucket under
+        // the cap uses the oldest), so room a dispatch used for one bucket does not count
+        // against another, and room that opens later owes from then.
+        let mut still_owed = BTreeMap::new();
+        for cap in short
+            .iter()
+            .flat_map(|s| s.caps.iter())
+            .collect::<BTreeSet<_>>()
+        {
+            let under: Vec<&Short> = short.iter().filter(|s| s.caps.contains(cap)).collect();
+            let missing: u32 = under.iter().map(|s| s.missing).sum();
+            let owed_units = missing.min(used.room_under(sim, cap)) as usize;
+            let owed_by = t + within_s;
+            let mut units = self.short_since.remove(cap).unwrap_or_default();
+            while units.len() > owed_units {
+                units.pop_front();
+            }
+            while units.len() < owed_units {
+                units.push_back((t, owed_by));
+            }
+            if let Some(&(since, deadline)) = units.front()
+                && t > deadline
+            {
+                let buckets: Vec<String> = under
+                    .iter()
+                    .map(|s| format!("bucket {}: {}", s.key, s.load))
+                    .collect();
                 return Some(format!(
-                    "bucket {key}: demand {demand} (queued {}, in progress {}, claimed {}) exceeded \
-                     supply {} (and {} spare wider runners) from t={since}s to t={t}s, past \
-                     t={deadline}s, with cap room and no fault excusing it",
-                    load.queued, load.in_progress, load.claimed, load.supply, covered[&key],
+                    "{cap} had room for a runner from t={since}s to t={t}s, past t={deadline}s, \
+                     while {} (no fault excusing it)",
+                    buckets.join("; ")
                 ));
             }
-            still_short.insert(key, (since, deadline));
+            if !units.is_empty() {
+                still_owed.insert(cap.clone(), units);
+            }
         }
-        self.short_since = still_short;
+        self.short_since = still_owed;
         None
+    }
+}
+
+/// A cap a bucket counts against.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum CapKey {
+    Global,
+    Repo(RepoName),
+    Profile(RepoName, usize),
+}
+
+impl CapKey {
+    fn of(sim: &Sim, repo: &RepoName, route: &Route) -> Vec<CapKey> {
+        let mut caps = vec![CapKey::Repo(repo.clone())];
+        if sim.options.max_in_flight.is_some() {
+            caps.push(CapKey::Global);
+        }
+        if let Some(index) = route.profile
+            && sim.config.repos[repo].profiles[index]
+                .max_concurrent
+                .is_some()
+        {
+            caps.push(CapKey::Profile(repo.clone(), index));
+        }
+        caps
+    }
+}
+
+impl std::fmt::Display for CapKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CapKey::Global => f.write_str("--max-in-flight"),
+            CapKey::Repo(repo) => write!(f, "{repo}'s maxConcurrent"),
+            CapKey::Profile(repo, index) => write!(f, "{repo}'s profile {index} maxConcurrent"),
+        }
     }
 }
 
@@ -263,8 +418,13 @@ impl Checker {
         let policy = o.reap_policy();
         let faulted = !sim.faults.failing.is_empty()
             || !sim.faults.injected_now.is_empty()
-            || sim.faults.exhausted.values().any(|reset| *reset > t);
-        let slack = 2 * o.poll_interval_s + o.status_lag_max_s + 2;
+            || sim.faults.exhausted.values().any(|reset| *reset > t)
+            || leader_excuse(sim).is_some()
+            || slow_call_excuse(sim).is_some();
+        let slack = 2 * o.poll_interval_s
+            + o.status_lag_max_s
+            + 2
+            + 2 * tick_time_s(sim, dispatches_max(sim));
         let mut still = BTreeMap::new();
         let mut found = None;
         for (id, child) in sim.world.in_flight() {
@@ -303,6 +463,56 @@ impl Checker {
         self.surplus_since = still;
         found
     }
+}
+
+/// Nobody may act: no daemon holds the lock, its holder's process is down, its term has
+/// not had its first tick yet, or Consul failed a lock call lately (a holder whose renews
+/// fail closes its fence and may lose the term; a successor takes over within the takeover
+/// bound).
+fn leader_excuse(sim: &Sim) -> Option<String> {
+    let takeover_s = crate::leader::LeaderSettings {
+        key: String::new(),
+        ttl: super::run::LOCK_TTL,
+        holder: crate::leader::Holder {
+            holder: String::new(),
+            pid: 0,
+        },
+    }
+    .takeover_bound()
+    .as_secs()
+        + tick_time_s(sim, dispatches_max(sim));
+    if sim
+        .lock
+        .last_fault_s
+        .is_some_and(|at| sim.t <= at + takeover_s)
+    {
+        return Some("Consul failed a leader lock call".into());
+    }
+    match sim.lock.term() {
+        None => Some("no daemon holds the leader lock".into()),
+        Some(term) if !sim.daemons_up.contains(&term.daemon) => {
+            Some("the leader lock's holder is down".into())
+        }
+        Some(term) if sim.t <= term.began_s + tick_time_s(sim, dispatches_max(sim)) => {
+            Some("a new leader's first tick".into())
+        }
+        // A daemon keeps the last good document of its own reads only: one that starts
+        // leading while the key holds a bad edit has none until the edit is fixed.
+        Some(term)
+            if sim
+                .options
+                .bad_document
+                .is_some_and(|(start, end)| start <= term.began_s && sim.t < end) =>
+        {
+            Some("the leader began during a bad edit and has read no good document".into())
+        }
+        Some(_) => None,
+    }
+}
+
+/// A call drawn from a service's latency tail is still in flight (or just ended).
+fn slow_call_excuse(sim: &Sim) -> Option<String> {
+    (sim.t <= sim.slow_call_until_s).then(|| "a slow call".into())
 }
 
 /// A bucket whose runners keep failing to start backs off (BRIEF lesson 7): while its streak
@@ -384,6 +594,29 @@ impl CapUse {
             }
         }
         used
+    }
+
+    /// Runners `cap` still leaves room for.
+    fn room_under(&self, sim: &Sim, cap: &CapKey) -> u32 {
+        match cap {
+            CapKey::Global => sim
+                .options
+                .max_in_flight
+                .map_or(u32::MAX, |cap| cap.saturating_sub(self.total)),
+            CapKey::Repo(repo) => sim.config.repos[repo]
+                .max_concurrent
+                .saturating_sub(self.repo.get(repo).copied().unwrap_or(0)),
+            CapKey::Profile(repo, index) => sim.config.repos[repo].profiles[*index]
+                .max_concurrent
+                .map_or(u32::MAX, |cap| {
+                    cap.saturating_sub(
+                        self.profile
+                            .get(&(repo.clone(), *index))
+                            .copied()
+                            .unwrap_or(0),
+                    )
+                }),
+        }
     }
 
     /// The cap that leaves a bucket no room, if any.
@@ -597,6 +830,7 @@ pub fn convergence_bound(
             + o.boot_s.1
             + o.job_s.1.max(hold_s)
             + 2
+            + tick_time_s(sim, dispatches_max(sim))
     };
     let repo_round_s = |repo: &RepoName| match sim.config.repos.get(repo).map(|r| &r.mode) {
         Some(Mode::App) => round_s(o.idle_timeout_s.min(reaped_hold_s)),

@@ -1,37 +1,47 @@
-//! The deterministic simulated world: the real
-//! [`Controller`](crate::control_loop::Controller) (real planner, real act step, real backoff)
-//! over in-memory ports, on virtual time, judged after every step.
+//! The deterministic simulated world: the daemon as `run` runs it (the real leader lock
+//! logic, the real document watcher, the real [`Controller`](crate::control_loop::Controller)
+//! with its real planner, act step and backoff) over in-memory ports, on virtual time, judged
+//! after every step and after every call that changes the world.
 //!
 //! Modelled on TigerBeetle's simulator: a printed seed, everything derived from it (the
-//! document, arrivals, the cluster, the faults and the controller's own randomness), invariants
-//! checked every step, then faults and arrivals off and convergence demanded within a bound.
-//! One `StdRng` per seed drives everything; maps are ordered; the controller's ticks run on a
-//! current-thread tokio runtime with a paused clock (the act step's retry pauses complete at
-//! once). The same seed replays exactly: the event trace's FNV-1a hash says so.
+//! document, arrivals, the cluster, the faults, every call's latency and the daemon's own
+//! randomness), invariants checked all along, then faults and arrivals off and convergence
+//! demanded within a bound. Everything runs on one current-thread tokio runtime with a paused
+//! clock: the world steps once per simulated second in a task of its own while the daemon
+//! runs in others, and every call the daemon makes travels for a latency drawn from the seed,
+//! so the world moves while a tick is in progress and what a tick read may no longer hold
+//! when its writes land. Seeded streams and ordered maps make the same seed replay exactly:
+//! the event trace's FNV-1a hash says so.
 //!
 //! # Layout
 //!
 //! - This file: how one seed is run ([`RunSettings`]) and what it showed ([`SeedOutcome`]).
 //! - [`options`]: what a run derives from its seed; [`scenarios`]: the named scenarios, by
-//!   name in [`scenario_name`].
+//!   name in [`scenario_name`]; [`latency`]: how long each service takes to answer.
 //! - [`world`]: GitHub's, Forgejo's and Nomad's truth and how it moves.
 //! - [`ports`]: the loop's ports over the world, with faults injected per service.
 //! - [`github_http`]: GitHub's REST API over the world, in memory, for the real client.
+//! - [`consul`]: the document key behind a blocking query; [`lock`]: Consul's side of the
+//!   leader lock (sessions, TTLs, lock delay, the key), whose truth judges one actor at a time.
+//! - [`daemon`]: a daemon process of the world, started, crashed and started again.
 //! - [`invariants`]: the invariants I1 to I7.
 //! - [`trace`]: the event trace and its hash.
-//! - `run`: the run of one seed; `sweep`: seeds across threads; `render`: the text a sweep
+//! - [`run`]: the run of one seed; `sweep`: seeds across threads; `render`: the text a sweep
 //!   and a replay print; `log_watch`: the log sink that catches a leaked token.
 
 pub mod baselines;
 pub mod bench;
 pub mod consul;
+pub mod daemon;
 pub mod github_http;
 pub mod invariants;
+pub mod latency;
+pub mod lock;
 mod log_watch;
 pub mod options;
 pub mod ports;
 mod render;
-mod run;
+pub mod run;
 pub mod scenario_name;
 pub mod scenarios;
 mod sweep;
@@ -54,7 +64,8 @@ use world::Counts;
 /// then; what is still queued is stranded and what is still in flight was wasted.
 pub const BASELINE_TAIL_S: u64 = 2 * 3600;
 
-/// The world moves in steps of this many simulated seconds.
+/// The world moves in steps of this many simulated seconds (the daemon's calls land between
+/// them, to the millisecond).
 pub const STEP_S: u64 = 1;
 
 /// How one seed is run.
@@ -88,6 +99,9 @@ pub struct SeedOutcome {
     pub simulated_s: u64,
     pub poll_interval_s: u64,
     pub ticks: u64,
+    /// Virtual time the longest tick took, from its start to its view (time passes inside a
+    /// tick: every call travels).
+    pub tick_ms_max: u64,
     pub counts: Counts,
     pub faults_injected: u64,
     pub log_lines: u64,
@@ -113,6 +127,8 @@ pub struct Measured {
     pub dispatch_lag_visible_s: Vec<(u64, Option<bool>)>,
     /// Host wall time of each of our ticks, in microseconds.
     pub tick_wall_us: Vec<u64>,
+    /// Virtual time each of our ticks took, in milliseconds.
+    pub tick_virtual_ms: Vec<u64>,
     pub wasted_dispatches: u64,
     pub stranded_jobs: u64,
     pub requests: Requests,
@@ -135,6 +151,7 @@ impl SeedOutcome {
             simulated_s: 0,
             poll_interval_s: 0,
             ticks: 0,
+            tick_ms_max: 0,
             counts: Counts::default(),
             faults_injected: 0,
             log_lines: 0,

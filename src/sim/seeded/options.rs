@@ -11,6 +11,7 @@ use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use serde_json::{Value, json};
 
+use super::latency::{self, Latency};
 use super::scenario_name::Scenario;
 
 /// A service the world can make fail.
@@ -149,6 +150,8 @@ pub struct Options {
     /// GitHub delivers a `workflow_job` webhook for each job queued in a GitHub repo, and
     /// the driver passes it to the daemon as a hint.
     pub webhooks: Option<Webhooks>,
+    /// How long each service takes to answer, each way (see [`super::latency`]).
+    pub latency: BTreeMap<Service, Latency>,
 }
 
 /// How webhooks reach the daemon.
@@ -205,6 +208,8 @@ impl Options {
             idle_confirm_s: 120,
             hot_repos: None,
             webhooks: None,
+            // Drawn by `draw_latencies` from a stream of their own.
+            latency: BTreeMap::new(),
         };
         if rng.random_bool(0.3) {
             let start = rng.random_range(60..=options.faults_end_s.max(61));
@@ -378,6 +383,15 @@ impl Options {
             idle_confirm: std::time::Duration::from_secs(self.idle_confirm_s),
             ..Default::default()
         }
+    }
+
+    /// Draws how long each service takes to answer.
+    pub fn draw_latencies(&mut self, rng: &mut StdRng) {
+        self.latency = latency::draw(rng);
+    }
+
+    pub fn latency(&self, service: Service) -> Latency {
+        self.latency.get(&service).copied().unwrap_or(Latency::NONE)
     }
 
     pub fn rates(&self, service: Service) -> FaultRates {

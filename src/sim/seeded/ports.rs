@@ -52,6 +52,8 @@ pub enum Scope {
     ReadToken(String),
     /// Reading the document from Consul.
     Document,
+    /// The leader lock's calls to Consul (sessions, the key).
+    Lock,
 }
 
 /// Faults injected so far, as the invariant checker needs them.
@@ -88,6 +90,24 @@ pub struct Sim {
     /// reason to keep it on the busy cadence (jobs in the reading, or children in flight).
     pub queue_reads: BTreeMap<RepoName, QueueRead>,
     mints: u64,
+    /// Draws how long each call travels.
+    latency_rng: StdRng,
+    /// Consul's truth about the leader lock.
+    pub lock: super::lock::LockTruth,
+    /// The daemons whose process runs now (a crashed one is absent until it restarts).
+    pub daemons_up: BTreeSet<usize>,
+    /// A violation found outside the world's own step (in a daemon's output), for the
+    /// driver to report at the end of the step.
+    pub violation: Option<super::invariants::Violation>,
+    /// The invariants, judged after every step of the world and after every call that
+    /// changes it (a dispatch that lands mid-second can fill a cap a step never sees full);
+    /// `None` once a baseline has failed one (it is measured, not judged, from then on).
+    pub checker: Option<super::invariants::Checker>,
+    /// The end of the latest call drawn from a service's latency tail.
+    pub slow_call_until_s: u64,
+    /// The document each daemon's loop runs on, as its watcher publishes it.
+    pub daemon_configs:
+        BTreeMap<usize, tokio::sync::watch::Receiver<crate::config::watch::ConfigState>>,
 }
 
 /// One successful read of a repo's queue, as I2 judges the daemon's polling by.
@@ -246,6 +266,27 @@ impl Fault {
 
 pub type Shared = Arc<Mutex<Sim>>;
 
+/// One call to `service`: the request travels, `serve` meets the world as it is when the
+/// request arrives (which may be seconds after the caller decided to make it), and the
+/// answer travels back.
+pub async fn over_the_wire<T>(
+    shared: &Shared,
+    service: Service,
+    serve: impl FnOnce(&mut Sim) -> T,
+) -> T {
+    let there = lock(shared).transit(service);
+    tokio::time::sleep(there).await;
+    let answer = {
+        let mut sim = lock(shared);
+        let answer = serve(&mut sim);
+        sim.judge();
+        answer
+    };
+    let back = lock(shared).transit(service);
+    tokio::time::sleep(back).await;
+    answer
+}
+
 pub fn lock(shared: &Shared) -> MutexGuard<'_, Sim> {
     // A panic inside a tick is reported by the driver; the world itself stays consistent.
     shared
@@ -265,7 +306,14 @@ pub struct Call<'a> {
 }
 
 impl Sim {
-    pub fn new(options: Options, config: Config, world: World, rng: StdRng, trace: Trace) -> Sim {
+    pub fn new(
+        options: Options,
+        config: Config,
+        world: World,
+        rng: StdRng,
+        latency_rng: StdRng,
+        trace: Trace,
+    ) -> Sim {
         Sim {
             t: 0,
             options,
@@ -277,7 +325,38 @@ impl Sim {
             requests: Requests::default(),
             queue_reads: BTreeMap::new(),
             mints: 0,
+            latency_rng,
+            lock: Default::default(),
+            daemons_up: BTreeSet::new(),
+            violation: None,
+            daemon_configs: BTreeMap::new(),
+            slow_call_until_s: 0,
+            checker: None,
         }
+    }
+
+    /// Checks the invariants against the world as it is now; the first violation is kept
+    /// for the driver.
+    pub fn judge(&mut self) {
+        if self.violation.is_some() {
+            return;
+        }
+        if let Some(mut checker) = self.checker.take() {
+            self.violation = checker.after_step(self);
+            self.checker = Some(checker);
+        }
+    }
+
+    /// How long one way of a call to `service` takes now. A draw from the tail is
+    /// remembered until it is over: like a fault, it excuses what it holds back.
+    pub fn transit(&mut self, service: Service) -> std::time::Duration {
+        let latency = self.options.latency(service);
+        let d = latency.draw(&mut self.latency_rng);
+        if d.as_millis() as u64 > latency.body_ms.1 {
+            let over = self.t + d.as_secs() + 1;
+            self.slow_call_until_s = self.slow_call_until_s.max(over);
+        }
+        d
     }
 
     /// Moves the world one second on.
@@ -433,21 +512,23 @@ fn queued_at(seconds: i64) -> Option<chrono::DateTime<chrono::Utc>> {
 }
 
 /// One registration token from `service`, after the faults that call may meet.
-fn mint_through(
+async fn mint_through(
     shared: &Shared,
     repo: &RepoConfig,
     service: Service,
     via_vault: bool,
 ) -> Result<Option<Credential>, PortError> {
-    let mut sim = lock(shared);
-    sim.call(Call {
-        scope: Scope::Mint(repo.repo.clone()),
-        service,
-        via_vault,
-        budget: Some(budget_of(repo)),
-        what: "create registration token",
-    })?;
-    Ok(Some(Credential::RegistrationToken(sim.mint_canary())))
+    over_the_wire(shared, service, |sim| {
+        sim.call(Call {
+            scope: Scope::Mint(repo.repo.clone()),
+            service,
+            via_vault,
+            budget: Some(budget_of(repo)),
+            what: "create registration token",
+        })?;
+        Ok(Some(Credential::RegistrationToken(sim.mint_canary())))
+    })
+    .await
 }
 
 /// Forgejo (`forgejo` repos): no timestamps, no runner names; a claimed job reads as claimed.
@@ -456,7 +537,12 @@ pub struct ForgejoPort(pub Shared);
 #[async_trait]
 impl QueueSource for ForgejoPort {
     async fn list_jobs(&self, repo: &RepoConfig) -> Result<RepoJobs, PortError> {
-        let mut sim = lock(&self.0);
+        over_the_wire(&self.0, Service::Forgejo, |sim| Self::search(sim, repo)).await
+    }
+}
+
+impl ForgejoPort {
+    fn search(sim: &mut Sim, repo: &RepoConfig) -> Result<RepoJobs, PortError> {
         sim.call(Call {
             scope: Scope::Queue(repo.repo.clone()),
             service: Service::Forgejo,
@@ -499,7 +585,7 @@ impl Registrar for ForgejoPort {
         _runner: RunnerIdentity<'_>,
     ) -> Result<Option<Credential>, PortError> {
         // The Forgejo API token comes from Vault, so a Vault outage stops minting too.
-        mint_through(&self.0, repo, Service::Forgejo, true)
+        mint_through(&self.0, repo, Service::Forgejo, true).await
     }
 
     fn repo_url(&self, repo: &RepoConfig) -> String {
@@ -513,7 +599,27 @@ pub struct NomadPort(pub Shared);
 #[async_trait]
 impl ChildSource for NomadPort {
     async fn list_children(&self, parent: &str) -> Result<Vec<Child>, PortError> {
-        let mut sim = lock(&self.0);
+        over_the_wire(&self.0, Service::Nomad, |sim| Self::list(sim, parent)).await
+    }
+
+    async fn parents_with_our_children(&self) -> Result<BTreeSet<String>, PortError> {
+        over_the_wire(&self.0, Service::Nomad, |sim| {
+            sim.call(Call {
+                scope: Scope::Discover,
+                service: Service::Nomad,
+                via_vault: false,
+                budget: None,
+                what: "list jobs by filter",
+            })?;
+            sim.faults.discovered_once = true;
+            Ok(NomadPort::parents_with_ours(sim))
+        })
+        .await
+    }
+}
+
+impl NomadPort {
+    fn list(sim: &mut Sim, parent: &str) -> Result<Vec<Child>, PortError> {
         sim.call(Call {
             scope: Scope::List(parent.to_string()),
             service: Service::Nomad,
@@ -539,21 +645,6 @@ impl ChildSource for NomadPort {
             .collect())
     }
 
-    async fn parents_with_our_children(&self) -> Result<BTreeSet<String>, PortError> {
-        let mut sim = lock(&self.0);
-        sim.call(Call {
-            scope: Scope::Discover,
-            service: Service::Nomad,
-            via_vault: false,
-            budget: None,
-            what: "list jobs by filter",
-        })?;
-        sim.faults.discovered_once = true;
-        Ok(NomadPort::parents_with_ours(&sim))
-    }
-}
-
-impl NomadPort {
     /// Every parent with children of ours, as Nomad's filtered job listing finds them.
     fn parents_with_ours(sim: &Sim) -> BTreeSet<String> {
         sim.world
@@ -565,11 +656,8 @@ impl NomadPort {
     }
 }
 
-#[async_trait]
-impl ChildControl for NomadPort {
-    async fn dispatch(&self, request: &DispatchRequest) -> Result<Dispatched, PortError> {
-        let mut sim = lock(&self.0);
-        let sim = &mut *sim;
+impl NomadPort {
+    fn dispatch_now(sim: &mut Sim, request: &DispatchRequest) -> Result<Dispatched, PortError> {
         let url = request.meta.repo_url.trim_end_matches('/');
         let Some(repo) = sim.world.repo_urls.get(url).cloned() else {
             return Err(PortError::new(
@@ -646,8 +734,7 @@ impl ChildControl for NomadPort {
         })
     }
 
-    async fn child_status(&self, child: &ChildId) -> Result<Option<ChildStatus>, PortError> {
-        let mut sim = lock(&self.0);
+    fn status_now(sim: &mut Sim, child: &ChildId) -> Result<Option<ChildStatus>, PortError> {
         sim.call(Call {
             scope: Scope::Reread,
             service: Service::Nomad,
@@ -658,9 +745,7 @@ impl ChildControl for NomadPort {
         Ok(sim.world.children.get(child).map(|c| c.status))
     }
 
-    async fn purge(&self, child: &ChildId) -> Result<(), PortError> {
-        let mut sim = lock(&self.0);
-        let sim = &mut *sim;
+    fn purge_now(sim: &mut Sim, child: &ChildId) -> Result<(), PortError> {
         sim.call(Call {
             scope: Scope::Purge,
             service: Service::Nomad,
@@ -672,8 +757,7 @@ impl ChildControl for NomadPort {
         Ok(())
     }
 
-    async fn has_live_allocation(&self, child: &ChildId) -> Result<bool, PortError> {
-        let mut sim = lock(&self.0);
+    fn live_allocation_now(sim: &mut Sim, child: &ChildId) -> Result<bool, PortError> {
         sim.call(Call {
             scope: Scope::Reread,
             service: Service::Nomad,
@@ -689,9 +773,7 @@ impl ChildControl for NomadPort {
         }))
     }
 
-    async fn stop(&self, child: &ChildId) -> Result<(), PortError> {
-        let mut sim = lock(&self.0);
-        let sim = &mut *sim;
+    fn stop_now(sim: &mut Sim, child: &ChildId) -> Result<(), PortError> {
         sim.call(Call {
             scope: Scope::Stop,
             service: Service::Nomad,
@@ -704,6 +786,35 @@ impl ChildControl for NomadPort {
     }
 }
 
+#[async_trait]
+impl ChildControl for NomadPort {
+    async fn dispatch(&self, request: &DispatchRequest) -> Result<Dispatched, PortError> {
+        over_the_wire(&self.0, Service::Nomad, |sim| {
+            Self::dispatch_now(sim, request)
+        })
+        .await
+    }
+
+    async fn child_status(&self, child: &ChildId) -> Result<Option<ChildStatus>, PortError> {
+        over_the_wire(&self.0, Service::Nomad, |sim| Self::status_now(sim, child)).await
+    }
+
+    async fn purge(&self, child: &ChildId) -> Result<(), PortError> {
+        over_the_wire(&self.0, Service::Nomad, |sim| Self::purge_now(sim, child)).await
+    }
+
+    async fn has_live_allocation(&self, child: &ChildId) -> Result<bool, PortError> {
+        over_the_wire(&self.0, Service::Nomad, |sim| {
+            Self::live_allocation_now(sim, child)
+        })
+        .await
+    }
+
+    async fn stop(&self, child: &ChildId) -> Result<(), PortError> {
+        over_the_wire(&self.0, Service::Nomad, |sim| Self::stop_now(sim, child)).await
+    }
+}
+
 /// Every port of the loop over the shared world; GitHub is the real client over
 /// [`GitHubHttp`](super::github_http::GitHubHttp), with conditional requests.
 pub fn services(shared: &Shared) -> Services {
@@ -713,7 +824,21 @@ pub fn services(shared: &Shared) -> Services {
 /// [`services`], with the GitHub client's conditional requests on or off (the benchmark's
 /// baseline polls without ETags).
 pub fn services_with(shared: &Shared, conditional_requests: bool) -> Services {
-    let github = Arc::new(GitHubForge::new(shared, conditional_requests));
+    services_over(
+        shared,
+        super::github_http::GitHubHttp::new(shared),
+        conditional_requests,
+    )
+}
+
+/// A daemon's ports: its own GitHub client over `github`, GitHub's side of the API, which
+/// every daemon of the world shares.
+pub fn services_over(
+    shared: &Shared,
+    github: super::github_http::GitHubHttp,
+    conditional_requests: bool,
+) -> Services {
+    let github = Arc::new(GitHubForge::over(shared, github, conditional_requests));
     let forgejo = Arc::new(ForgejoPort(shared.clone()));
     let nomad = Arc::new(NomadPort(shared.clone()));
     Services {

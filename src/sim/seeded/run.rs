@@ -1,25 +1,32 @@
-//! The run of one seed: the world, the controller (or a baseline) and the Consul watch built
-//! from the seed's streams, then stepped second by second under a paused tokio clock, the
-//! invariants checked after every step, until the run converges or its bound passes. The
-//! sweep and the benchmark call it once per seed; a replay calls it with the trace kept.
+//! The run of one seed: the world, the daemons (or a baseline) built from the seed's streams,
+//! then run on a paused tokio clock: the world steps every whole second in a task of its own,
+//! the daemons run the real `run` path in theirs, and every call they make takes time, so
+//! the world moves while a tick is in progress. The invariants are checked after every step,
+//! until the run converges or its bound passes. The sweep and the benchmark call it once per
+//! seed; a replay calls it with the trace kept.
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 
+use super::daemon::{Daemon, DaemonSettings, SimClock, TickLog};
+use super::github_http::GitHubHttp;
 use super::invariants::{self, ConvergenceBound, Violation};
 use super::log_watch::LogWatch;
-use super::ports::{self, CANARY, Shared, Sim, lock};
+use super::ports::{self, Shared, Sim, lock};
 use super::world::{EPOCH_UNIX, World};
 use super::{
     BASELINE_TAIL_S, RunSettings, STEP_S, Scenario, SeedOutcome, Strategy, baselines, bench,
-    consul, options, trace,
+    options, trace,
 };
 use crate::config::{ConfigDefaults, parse_document};
-use crate::control_loop::{Controller, LoopSettings};
+use crate::control_loop::LoopSettings;
 use crate::plan::PlanSettings;
+
+/// The session TTL the world's daemons hold the leader lock with (the shipped default).
+pub const LOCK_TTL: Duration = crate::leader::LOCK_TTL_DEFAULT;
 
 /// Runs one seed of `scenario` with the real planner.
 pub fn run_seed(scenario: Scenario, seed: u64) -> SeedOutcome {
@@ -57,7 +64,9 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
     // Child generators, so the world and the controller draw from separate streams.
     let controller_rng = StdRng::seed_from_u64(rng.next_u64());
     let world_rng = StdRng::seed_from_u64(rng.next_u64());
-    let mut consul = consul::ConsulWatch::new(StdRng::seed_from_u64(rng.next_u64()));
+    // Drawn, not used: the stream the world's own Consul watcher once took keeps every
+    // later stream where it was.
+    let _ = rng.next_u64();
     let repo_urls = config
         .repos
         .values()
@@ -68,6 +77,8 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
     if !settings.default_reaping {
         options.draw_reaping(&mut reaping_rng);
     }
+    let mut latency_rng = StdRng::seed_from_u64(rng.next_u64());
+    options.draw_latencies(&mut latency_rng);
     let mut world = World::new(&options, repo_urls).with_arrivals(arrivals_rng);
     world.add_foreign_child("ci-runner");
     let loop_settings = LoopSettings {
@@ -86,20 +97,14 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
         config,
         world,
         world_rng,
+        latency_rng,
         trace::Trace::new(settings.keep_trace),
     )));
     let mut actor = match settings.strategy {
-        Strategy::Ours => {
-            let mut controller = Controller::new(
-                ports::services(&shared),
-                loop_settings.clone(),
-                Box::new(controller_rng),
-            );
-            if let Some(planner) = settings.planner {
-                controller = controller.with_planner(planner);
-            }
-            Actor::Ours(Box::new(controller))
-        }
+        Strategy::Ours => Actor::Ours {
+            rng: controller_rng,
+            planner: settings.planner,
+        },
         // The seed makes no conditional requests: every listing is billed.
         Strategy::Seed => Actor::Seed(baselines::SeedPoller::new(
             ports::services_with(&shared, false),
@@ -123,7 +128,7 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
         })
         .finish();
     let mut driven = tracing::subscriber::with_default(subscriber, || {
-        drive(&mut actor, &mut consul, &shared, &loop_settings, &logs)
+        drive(&mut actor, &shared, &loop_settings, &logs)
     });
     outcome.measured.first_violation = driven.violation.clone();
     if settings.strategy != Strategy::Ours {
@@ -147,6 +152,8 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
     m.dispatch_lag_s = std::mem::take(&mut sim.world.latencies.dispatch_lag_s);
     m.dispatch_lag_visible_s = std::mem::take(&mut sim.world.latencies.dispatch_lag_visible_s);
     m.tick_wall_us = driven.tick_wall_us;
+    outcome.tick_ms_max = driven.tick_virtual_ms.iter().copied().max().unwrap_or(0);
+    m.tick_virtual_ms = driven.tick_virtual_ms;
     m.wasted_dispatches = sim.world.wasted_dispatches();
     m.stranded_jobs = sim.world.stranded_jobs();
     m.requests = sim.requests.clone();
@@ -160,9 +167,12 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
     outcome
 }
 
-/// Who acts on the world each step.
+/// Who acts on the world: our daemons (built once the runtime runs), or a baseline.
 enum Actor {
-    Ours(Box<Controller>),
+    Ours {
+        rng: StdRng,
+        planner: Option<fn(crate::plan::PlanInput<'_>) -> crate::plan::Plan>,
+    },
     Seed(baselines::SeedPoller),
     Ephemerd(baselines::EphemerdPreVeto),
 }
@@ -172,11 +182,11 @@ struct Driven {
     convergence: Option<ConvergenceBound>,
     ticks: u64,
     tick_wall_us: Vec<u64>,
+    tick_virtual_ms: Vec<u64>,
 }
 
 fn drive(
     actor: &mut Actor,
-    consul: &mut consul::ConsulWatch,
     shared: &Shared,
     loop_settings: &LoopSettings,
     logs: &LogWatch,
@@ -186,6 +196,20 @@ fn drive(
         .start_paused(true)
         .build()
         .expect("build a current-thread runtime");
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, world(actor, shared, loop_settings, logs))
+}
+
+/// The world's own task: one step per simulated second, the invariants after each, until
+/// the run is over. Our daemons run beside it in tasks of their own; a baseline is stepped
+/// from here.
+async fn world(
+    actor: &mut Actor,
+    shared: &Shared,
+    loop_settings: &LoopSettings,
+    logs: &LogWatch,
+) -> Driven {
+    let start = tokio::time::Instant::now();
     let (poll_s, idle_s, converge_from_s) = {
         let sim = lock(shared);
         let o = &sim.options;
@@ -195,107 +219,105 @@ fn drive(
             o.faults_end_s.max(o.arrivals_end_s),
         )
     };
-    let mut checker = invariants::Checker::new(poll_s, idle_s, STEP_S);
+    lock(shared).checker = Some(invariants::Checker::new(poll_s, idle_s, STEP_S));
     let mut driven = Driven {
         violation: None,
         convergence: None,
         ticks: 0,
         tick_wall_us: Vec::new(),
+        tick_virtual_ms: Vec::new(),
     };
-    // Webhook hints the daemon still owes a read, on the daemon's own schedule: a delivery
-    // asks for one at once and again 2 s and 5 s later (the API can lag the webhook), at most
-    // one per repo per 2 s, a read asked for sooner held back until then.
-    let mut hints = crate::webhook::hints::HintSchedule::default();
+    let tick_log = Arc::new(Mutex::new(TickLog::default()));
+    let mut daemons: Vec<Daemon> = Vec::new();
+    if let Actor::Ours { rng, planner } = actor {
+        let settings = DaemonSettings {
+            loop_settings: loop_settings.clone(),
+            lock_ttl: LOCK_TTL,
+            planner: *planner,
+            clock: SimClock { start },
+            github: GitHubHttp::new(shared),
+        };
+        daemons.push(Daemon::start(
+            shared,
+            &settings,
+            0,
+            1,
+            rng,
+            tick_log.clone(),
+        ));
+    }
     let mut converged_since: Option<u64> = None;
     let mut t = 0;
-    loop {
+    let ended = loop {
+        tokio::time::sleep_until(start + Duration::from_secs(t)).await;
         let config = {
             let mut sim = lock(shared);
             sim.advance(t);
-            bench::note_cap_room(&mut sim);
-            // Only ours takes hints; the baselines poll (or listen) as they always did.
-            let arriving = sim.world.webhooks_arriving(t);
-            for repo in arriving
-                .into_iter()
-                .filter(|_| matches!(actor, Actor::Ours(_)))
+            sim.reap_sessions();
+            if sim
+                .options
+                .outage_at(super::options::Service::Consul, t)
+                .is_some()
             {
-                hints.hint(repo, sim_time(t));
+                // Blocked reads fail when Consul goes away under them.
+                sim.lock.poke();
             }
-            consul.step(&mut sim);
-            let config = consul.config();
-            // A bad edit or an outage must leave the loop on the last good document; before
-            // the first read succeeds it has none and does nothing.
-            if config.as_deref().is_some_and(|c| *c != sim.config) {
-                driven.violation = Some(Violation {
+            bench::note_cap_room(&mut sim);
+            let now = sim_time(t);
+            for repo in sim.world.webhooks_arriving(t) {
+                for daemon in &daemons {
+                    daemon.deliver_webhook(repo.clone(), now);
+                }
+            }
+            // A bad edit or an outage must leave each loop on the last good document.
+            let strays = sim.daemon_configs.iter().any(|(_, rx)| {
+                rx.borrow()
+                    .config
+                    .as_deref()
+                    .is_some_and(|c| *c != sim.config)
+            });
+            if strays {
+                break Some(Violation {
                     invariant: "config",
                     step: t,
-                    message: "the loop runs on a document other than the last good one".into(),
+                    message: "a loop runs on a document other than the last good one".into(),
                 });
-                return driven;
             }
-            config
+            Arc::new(sim.config.clone())
         };
-        let config_version = consul.applied_index();
         let poll = t % poll_s == 0;
-        if poll {
-            driven.ticks += 1;
-        }
-        match (&mut *actor, config) {
-            (_, None) => {
+        match actor {
+            Actor::Ours { .. } => {}
+            Actor::Seed(seed) => {
                 if poll {
-                    lock(shared)
-                        .trace
-                        .record(t, "no document read yet: nothing done");
-                }
-            }
-            (Actor::Ours(controller), Some(config))
-                if poll || hints.next_due().is_some_and(|at| at <= sim_time(t)) =>
-            {
-                let now = sim_time(t);
-                for repo in hints.due(now) {
-                    controller.hint(&repo, now);
-                }
-                if let Some(violation) = tick_ours(
-                    controller,
-                    &runtime,
-                    &config,
-                    config_version,
-                    t,
-                    shared,
-                    &mut driven.tick_wall_us,
-                ) {
-                    driven.violation = Some(violation);
-                    return driven;
-                }
-            }
-            (Actor::Ours(_), Some(_)) => {}
-            (Actor::Seed(seed), Some(config)) => {
-                if poll {
-                    runtime.block_on(seed.tick(&config));
+                    driven.ticks += 1;
+                    seed.tick(&config).await;
                     lock(shared).trace.record(t, "seed poller tick");
                 }
             }
-            (Actor::Ephemerd(ephemerd), Some(config)) => {
-                runtime.block_on(ephemerd.step(&config, t, poll))
+            Actor::Ephemerd(ephemerd) => {
+                if poll {
+                    driven.ticks += 1;
+                }
+                ephemerd.step(&config, t, poll).await
             }
         }
         if let Some(line) = logs.leak() {
-            driven.violation = Some(Violation {
+            break Some(Violation {
                 invariant: "I5",
                 step: t,
                 message: format!("a registration token appears in a log line: {line}"),
             });
-            return driven;
         }
-        let sim = lock(shared);
-        // A baseline is judged until its first violation, then only measured.
-        if driven.violation.is_none()
-            && let Some(v) = checker.after_step(&sim)
-        {
-            driven.violation = Some(v);
-            if matches!(actor, Actor::Ours(_)) {
-                return driven;
+        let mut sim = lock(shared);
+        sim.judge();
+        if let Some(v) = sim.violation.take() {
+            if matches!(actor, Actor::Ours { .. }) {
+                break Some(v);
             }
+            // A baseline is judged until its first violation, then only measured.
+            sim.checker = None;
+            driven.violation.get_or_insert(v);
         }
         if t == converge_from_s {
             driven.convergence = Some(invariants::convergence_bound(
@@ -314,76 +336,33 @@ fn drive(
             // A baseline that never drains (the seed poller fills a full cluster with pending
             // children) is measured up to a horizon, not simulated for days.
             let horizon = match actor {
-                Actor::Ours(_) => bound.bound_s,
+                Actor::Ours { .. } => bound.bound_s,
                 _ => bound.bound_s.min(converge_from_s + BASELINE_TAIL_S),
             };
             if quiet || t >= horizon {
-                if driven.violation.is_none() {
-                    driven.violation = invariants::i6(&sim, bound);
-                }
-                return driven;
+                break driven
+                    .violation
+                    .take()
+                    .or_else(|| invariants::i6(&sim, bound));
             }
         }
         drop(sim);
         t += STEP_S;
+    };
+    for daemon in daemons {
+        daemon.crash(shared);
     }
+    if matches!(actor, Actor::Ours { .. }) {
+        let log = std::mem::take(&mut *tick_log.lock().unwrap_or_else(|p| p.into_inner()));
+        driven.ticks = log.ticks;
+        driven.tick_wall_us = log.wall_us;
+        driven.tick_virtual_ms = log.virtual_ms;
+    }
+    driven.violation = ended;
+    driven
 }
 
 /// The wall-clock instant of simulated second `t`.
 fn sim_time(t: u64) -> chrono::DateTime<chrono::Utc> {
     chrono::DateTime::from_timestamp(EPOCH_UNIX + t as i64, 0).expect("simulated time is in range")
-}
-
-/// One tick of the real controller at `t`, traced; a token in its `--json` view is an I5
-/// violation.
-fn tick_ours(
-    controller: &mut Controller,
-    runtime: &tokio::runtime::Runtime,
-    config: &crate::config::Config,
-    config_version: u64,
-    t: u64,
-    shared: &Shared,
-    tick_wall_us: &mut Vec<u64>,
-) -> Option<Violation> {
-    let now = sim_time(t);
-    // Host time of the tick alone (the services it calls are in memory, so this is the
-    // daemon's own work plus the simulated services'), reported, never asserted.
-    let started = Instant::now();
-    let view = runtime.block_on(controller.tick(config, config_version, now, false));
-    tick_wall_us.push(started.elapsed().as_micros() as u64);
-    let json = serde_json::to_string(&view).expect("a tick view serialises");
-    let mut sim = lock(shared);
-    if json.contains(CANARY) {
-        return Some(Violation {
-            invariant: "I5",
-            step: t,
-            message: "a registration token appears in the tick's --json view".into(),
-        });
-    }
-    sim.trace.record(
-        t,
-        format!(
-            "tick queued={} active={} started={} gaps={} view={:016x}",
-            view.queued,
-            view.active,
-            view.started,
-            view.gaps.len(),
-            trace::fnv1a(0, json.as_bytes())
-        ),
-    );
-    // Why a bucket that misses runners got fewer: the answer a replay is read for.
-    for b in view.buckets.iter().filter(|b| b.to_dispatch < b.missing) {
-        sim.trace.record(
-            t,
-            format!(
-                "  held {} [{}]: missing {}, dispatching {}: {}",
-                b.repo,
-                b.labels,
-                b.missing,
-                b.to_dispatch,
-                b.reason.as_deref().unwrap_or("-")
-            ),
-        );
-    }
-    None
 }

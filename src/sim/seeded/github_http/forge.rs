@@ -101,9 +101,15 @@ impl Drop for ManagingRunners<'_> {
 
 impl GitHubForge {
     pub fn new(shared: &Shared, conditional_requests: bool) -> GitHubForge {
+        GitHubForge::over(shared, GitHubHttp::new(shared), conditional_requests)
+    }
+
+    /// A client of its own (a daemon's: its token cache, ETags and budget readings) over
+    /// `http`, GitHub's side, which every daemon of the world shares.
+    pub fn over(shared: &Shared, http: GitHubHttp, conditional_requests: bool) -> GitHubForge {
         GitHubForge {
             shared: shared.clone(),
-            http: GitHubHttp::new(shared),
+            http,
             conditional_requests,
             client: OnceLock::new(),
         }

@@ -17,6 +17,7 @@ use octocrab::OctoBody;
 
 use super::BUDGET_WINDOW_S;
 use super::auth::Grant;
+use crate::sim::seeded::options::Service;
 use crate::sim::seeded::ports::{Shared, lock};
 
 /// One primary-limit window of one holder.
@@ -129,23 +130,43 @@ impl tower::Service<http::Request<OctoBody>> for GitHubHttp {
         // In flight from here until the client takes the answer or gives up waiting (a
         // hanging request counts until its timeout drops it).
         let entered = InFlight::enter(&self.state);
-        match self.serve(&parts, &body) {
-            Served::Answer(response) => Box::pin(async move {
-                drop(entered);
-                Ok(response)
-            }),
-            Served::Reset => Box::pin(async move {
-                drop(entered);
-                Err(io::Error::new(
-                    io::ErrorKind::ConnectionReset,
-                    "connection reset by peer",
-                ))
-            }),
-            Served::Hang => Box::pin(async move {
-                let _entered = entered;
-                futures::future::pending().await
-            }),
-        }
+        // The request travels and meets the world as it is when it arrives, whether or not
+        // the client is still waiting then (a request it timed out on may still land); the
+        // answer travels back. The world moves meanwhile.
+        let this = self.clone();
+        let (answer_tx, answer_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let there = lock(&this.shared).transit(Service::GitHub);
+            tokio::time::sleep(there).await;
+            let served = this.serve(&parts, &body);
+            lock(&this.shared).judge();
+            let _ = answer_tx.send(served);
+        });
+        let shared = self.shared.clone();
+        Box::pin(async move {
+            let Ok(served) = answer_rx.await else {
+                return Err(io::Error::other("the simulated GitHub dropped the request"));
+            };
+            let back = lock(&shared).transit(Service::GitHub);
+            tokio::time::sleep(back).await;
+            match served {
+                Served::Answer(response) => {
+                    drop(entered);
+                    Ok(response)
+                }
+                Served::Reset => {
+                    drop(entered);
+                    Err(io::Error::new(
+                        io::ErrorKind::ConnectionReset,
+                        "connection reset by peer",
+                    ))
+                }
+                Served::Hang => {
+                    let _entered = entered;
+                    futures::future::pending().await
+                }
+            }
+        })
     }
 }
 

@@ -50,6 +50,7 @@ fn quiet_world() -> Shared {
         config,
         world,
         StdRng::seed_from_u64(8),
+        StdRng::seed_from_u64(9),
         Trace::new(false),
     );
     let shared = Arc::new(Mutex::new(sim));

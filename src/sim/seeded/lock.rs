@@ -1,0 +1,352 @@
+//! Consul's side of the leader lock, as the daemons meet it: sessions with a TTL that
+//! Consul enforces lazily (a session lives between one and two TTLs after its last renew
+//! arrived), `Behavior: release` with the session's lock delay after an invalidation or a
+//! destroy, `?acquire=` and `?release=` on one key, and blocking reads of that key. Every
+//! call travels and meets Consul's faults like any other call of the world.
+//!
+//! The truth kept here ([`LockTruth`]) is what the invariants judge one actor at a time by:
+//! which session holds the key, whose it is, and when each term began and ended.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rand::Rng;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::options::Service;
+use super::ports::{Call, Scope, Shared, Sim, lock, over_the_wire};
+use crate::leader::{LockError, LockKey, LockStore, SessionId, SessionRequest};
+use crate::model::{ErrorClass, PortError};
+
+/// The key the daemons of the world lock.
+pub const LEADER_KEY: &str = "runners/leader";
+
+/// One session as Consul keeps it.
+#[derive(Clone, Debug)]
+pub struct SessionTruth {
+    pub daemon: usize,
+    lock_delay: Duration,
+    /// Consul invalidates the session once this passes without a renew.
+    expires_at: Instant,
+    ttl: Duration,
+}
+
+/// One term: a session holding the key, from the acquire that landed to the moment the key
+/// stopped naming it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Term {
+    pub daemon: usize,
+    pub session: String,
+    pub began_s: u64,
+    pub ended_s: Option<u64>,
+}
+
+/// Consul's truth about the lock.
+pub struct LockTruth {
+    sessions: BTreeMap<String, SessionTruth>,
+    /// The session holding the key.
+    holder: Option<String>,
+    value: Option<Vec<u8>>,
+    /// The key's modify index.
+    index: u64,
+    /// No session may acquire before this (the lock delay of the session that lost it).
+    delay_until: Option<Instant>,
+    next_session: u64,
+    /// Moves with the index (and is poked when Consul goes away), waking blocked reads.
+    changed: watch::Sender<u64>,
+    pub terms: Vec<Term>,
+    /// When Consul last failed a lock call.
+    pub last_fault_s: Option<u64>,
+}
+
+impl Default for LockTruth {
+    fn default() -> Self {
+        LockTruth {
+            sessions: BTreeMap::new(),
+            holder: None,
+            value: None,
+            index: 1,
+            delay_until: None,
+            next_session: 0,
+            changed: watch::channel(1).0,
+            terms: Vec::new(),
+            last_fault_s: None,
+        }
+    }
+}
+
+impl LockTruth {
+    /// The daemon whose session holds the key, and since when.
+    pub fn term(&self) -> Option<&Term> {
+        self.terms.last().filter(|t| t.ended_s.is_none())
+    }
+
+    fn set_holder(&mut self, holder: Option<String>, t: u64) {
+        if let Some(term) = self.terms.last_mut()
+            && term.ended_s.is_none()
+        {
+            term.ended_s = Some(t);
+        }
+        if let Some(session) = &holder {
+            let daemon = self.sessions.get(session).map_or(usize::MAX, |s| s.daemon);
+            self.terms.push(Term {
+                daemon,
+                session: session.clone(),
+                began_s: t,
+                ended_s: None,
+            });
+        }
+        self.holder = holder;
+        self.index += 1;
+        self.changed.send_replace(self.index);
+    }
+
+    /// The session `id` is gone: the key it held is released, and nobody may acquire it for
+    /// the session's lock delay.
+    fn invalidate(&mut self, id: &str, now: Instant, t: u64) -> Option<SessionTruth> {
+        let session = self.sessions.remove(id)?;
+        if self.holder.as_deref() == Some(id) {
+            self.delay_until = Some(now + session.lock_delay);
+            self.set_holder(None, t);
+        }
+        Some(session)
+    }
+
+    /// Wakes blocked reads without a change (Consul went away under them).
+    pub fn poke(&self) {
+        self.changed.send_modify(|_| {});
+    }
+}
+
+impl Sim {
+    /// Consul's session reaper: sessions past their TTL are invalidated.
+    pub fn reap_sessions(&mut self) {
+        let now = Instant::now();
+        let t = self.t;
+        let expired: Vec<String> = self
+            .lock
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.expires_at <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in expired {
+            if let Some(session) = self.lock.invalidate(&id, now, t) {
+                self.trace.record(
+                    t,
+                    format!(
+                        "consul invalidated session {id} of daemon {} (no renew within its TTL)",
+                        session.daemon
+                    ),
+                );
+            }
+        }
+    }
+
+    /// When a renew arriving now lets the session expire: Consul reaps lazily, between one
+    /// and two TTLs later.
+    fn expiry(&mut self, ttl: Duration) -> Instant {
+        let slack = Duration::from_millis(self.rng.random_range(0..=ttl.as_millis() as u64));
+        Instant::now() + ttl + slack
+    }
+}
+
+/// One daemon's handle on Consul's lock.
+pub struct SimLock {
+    pub shared: Shared,
+    pub daemon: usize,
+}
+
+fn consul_call(sim: &mut Sim, what: &str) -> Result<(), LockError> {
+    let called = sim.call(Call {
+        scope: Scope::Lock,
+        service: Service::Consul,
+        via_vault: false,
+        budget: None,
+        what,
+    });
+    if called.is_err() {
+        sim.lock.last_fault_s = Some(sim.t);
+    }
+    called.map_err(LockError::Port)
+}
+
+fn key_read(sim: &Sim) -> LockKey {
+    LockKey {
+        index: sim.lock.index,
+        session: sim.lock.holder.clone(),
+        value: sim.lock.value.clone(),
+    }
+}
+
+#[async_trait]
+impl LockStore for SimLock {
+    async fn create_session(&self, request: &SessionRequest) -> Result<SessionId, LockError> {
+        let daemon = self.daemon;
+        over_the_wire(&self.shared, Service::Consul, |sim| {
+            consul_call(sim, "create session")?;
+            sim.lock.next_session += 1;
+            let id = format!("session-{}-{}", daemon, sim.lock.next_session);
+            let expires_at = sim.expiry(request.ttl);
+            sim.lock.sessions.insert(
+                id.clone(),
+                SessionTruth {
+                    daemon,
+                    lock_delay: request.lock_delay,
+                    expires_at,
+                    ttl: request.ttl,
+                },
+            );
+            Ok(SessionId(id))
+        })
+        .await
+    }
+
+    async fn renew_session(&self, session: &SessionId) -> Result<(), LockError> {
+        over_the_wire(&self.shared, Service::Consul, |sim| {
+            consul_call(sim, "renew session")?;
+            let Some(ttl) = sim.lock.sessions.get(&session.0).map(|s| s.ttl) else {
+                return Err(LockError::SessionGone(format!(
+                    "renew session {session}: 404 Session id '{session}' not found"
+                )));
+            };
+            let expires_at = sim.expiry(ttl);
+            if let Some(s) = sim.lock.sessions.get_mut(&session.0) {
+                s.expires_at = expires_at;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn destroy_session(&self, session: &SessionId) -> Result<(), LockError> {
+        over_the_wire(&self.shared, Service::Consul, |sim| {
+            consul_call(sim, "destroy session")?;
+            let t = sim.t;
+            sim.lock.invalidate(&session.0, Instant::now(), t);
+            Ok(())
+        })
+        .await
+    }
+
+    async fn acquire(
+        &self,
+        key: &str,
+        session: &SessionId,
+        value: &[u8],
+    ) -> Result<bool, LockError> {
+        let daemon = self.daemon;
+        over_the_wire(&self.shared, Service::Consul, |sim| {
+            consul_call(sim, "acquire the lock")?;
+            if key != LEADER_KEY || !sim.lock.sessions.contains_key(&session.0) {
+                return Err(LockError::Port(PortError::new(
+                    ErrorClass::Configuration,
+                    format!("acquire {key}: 500 invalid session \"{session}\""),
+                )));
+            }
+            let t = sim.t;
+            let delayed = sim
+                .lock
+                .delay_until
+                .is_some_and(|until| Instant::now() < until);
+            match sim.lock.holder.as_deref() {
+                Some(held) if held == session.0 => {
+                    sim.lock.value = Some(value.to_vec());
+                    Ok(true)
+                }
+                Some(_) => Ok(false),
+                None if delayed => Ok(false),
+                None => {
+                    sim.lock.value = Some(value.to_vec());
+                    sim.lock.set_holder(Some(session.0.clone()), t);
+                    // What the last term read says nothing of what the new one will.
+                    sim.queue_reads.clear();
+                    sim.trace.record(
+                        t,
+                        format!("daemon {daemon} acquired the leader lock ({session})"),
+                    );
+                    Ok(true)
+                }
+            }
+        })
+        .await
+    }
+
+    async fn release(&self, key: &str, session: &SessionId) -> Result<bool, LockError> {
+        let daemon = self.daemon;
+        over_the_wire(&self.shared, Service::Consul, |sim| {
+            consul_call(sim, "release the lock")?;
+            if key != LEADER_KEY || sim.lock.holder.as_deref() != Some(session.0.as_str()) {
+                return Ok(false);
+            }
+            let t = sim.t;
+            sim.lock.set_holder(None, t);
+            sim.trace
+                .record(t, format!("daemon {daemon} released the leader lock"));
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn read_key(&self, key: &str, index: u64, wait: Duration) -> Result<LockKey, LockError> {
+        if key != LEADER_KEY {
+            return Err(LockError::Port(PortError::new(
+                ErrorClass::Configuration,
+                format!("read {key}: not the world's leader key"),
+            )));
+        }
+        if index == 0 {
+            return over_the_wire(&self.shared, Service::Consul, |sim| {
+                consul_call(sim, "read the leader key")?;
+                Ok(key_read(sim))
+            })
+            .await;
+        }
+        // A blocking query: the request travels, Consul holds it until the index moves past
+        // `index`, the wait (plus up to a sixteenth, Consul's jitter) runs out, or Consul goes
+        // away under it; then the answer travels back.
+        let (there, jitter, mut changed) = {
+            let mut sim = lock(&self.shared);
+            let there = sim.transit(Service::Consul);
+            let jitter = Duration::from_millis(
+                sim.rng
+                    .random_range(0..=(wait.as_millis() / 16).max(1) as u64),
+            );
+            (there, jitter, sim.lock.changed.subscribe())
+        };
+        tokio::time::sleep(there).await;
+        let deadline = Instant::now() + wait + jitter;
+        loop {
+            {
+                let sim = lock(&self.shared);
+                let down = sim.options.outage_at(Service::Consul, sim.t).is_some();
+                if sim.lock.index > index || down {
+                    break;
+                }
+            }
+            tokio::select! {
+                biased;
+                _ = changed.changed() => {}
+                _ = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        let answer = {
+            let mut sim = lock(&self.shared);
+            consul_call(&mut sim, "read the leader key").map(|()| key_read(&sim))
+        };
+        let back = lock(&self.shared).transit(Service::Consul);
+        tokio::time::sleep(back).await;
+        answer
+    }
+}
+
+/// Every daemon's lock over the same Consul.
+pub fn store(shared: &Shared, daemon: usize) -> Arc<dyn LockStore> {
+    Arc::new(SimLock {
+        shared: shared.clone(),
+        daemon,
+    })
+}
