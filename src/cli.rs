@@ -134,6 +134,10 @@ pub struct SimulateArgs {
     /// Compare strategies and print the benchmark table.
     #[arg(long)]
     pub bench: bool,
+    /// Hunt every deliberately broken daemon through the seeds of its scenario (--seeds N,
+    /// default 300) and print, per mutant, the invariant and the first seed that caught it.
+    #[arg(long, conflicts_with_all = ["bench", "seed", "bench_process"])]
+    pub mutants: bool,
     /// Who runs the runners in a sweep or a replay: `ours`, or a baseline of the benchmark
     /// (`seed`, `ephemerd-pre-veto`), whose invariant violations are reported, not failed.
     #[arg(long, default_value = "ours")]

@@ -600,7 +600,7 @@ async fn the_consul_client_speaks_sessions_and_locks_as_the_twin_answers_them() 
         async move { b.read_key(KEY, key.index, Duration::from_secs(30)).await }
     });
     twin.blocked_reads_at_least(1).await;
-    assert!(a.release(KEY, &sa).await.unwrap());
+    assert!(a.release(KEY, &sa, b"a").await.unwrap());
     let released = waiting.await.unwrap().unwrap();
     assert_eq!(released.session, None);
     a.destroy_session(&sa).await.expect("destroyed");
@@ -893,4 +893,73 @@ async fn over_http_a_standby_takes_over_from_a_killed_and_from_a_cut_off_holder_
     check.until(|c| c.by("daemon-c") >= 3).await;
     assert_eq!(check.by("daemon-b"), b_writes, "B wrote after C took over");
     assert!(check.violations().is_empty(), "{:?}", check.violations());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_holder_whose_key_is_deleted_or_rewritten_under_it_stops_before_another_daemon_acts() {
+    for rewritten in [false, true] {
+        let consul = ConsulTwin::new();
+        let nomad = Nomad::new(&consul);
+        let transit = Duration::from_millis(100);
+        let (mut a, mut b) = two_daemons(&consul, &nomad, TTL, transit, 3).await;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(!nomad.writes_by("daemon-a").is_empty(), "A never wrote");
+        let a_session = consul.lock_holder(KEY).expect("A holds the lock");
+        let changed = Instant::now();
+        if rewritten {
+            // A snapshot restore or a transaction leaves the key naming B's session: B finds
+            // it holds the lock without having acquired it.
+            let b_session = consul
+                .sessions()
+                .into_iter()
+                .find(|s| *s != a_session)
+                .expect("B's session");
+            consul.set_session(KEY, Some(&b_session));
+        } else {
+            // `consul kv delete`: no lock delay runs, and A's session stays valid.
+            assert!(consul.delete(KEY));
+        }
+        // A hears of it as the answer to its blocking read of the key, not a TTL later: it
+        // stops acting and gives up that session (it may lead again with a new one).
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            !consul.sessions().contains(&a_session),
+            "A still acts on its session a second after its key was {}",
+            if rewritten { "rewritten" } else { "deleted" }
+        );
+        // Someone leads again, and at no moment did two act.
+        tokio::time::timeout(settings("b", TTL).takeover_bound(), async {
+            loop {
+                let leading = [&a.state, &b.state]
+                    .iter()
+                    .filter(|s| *s.borrow() == LeaderState::Leader)
+                    .count();
+                if leading == 1 {
+                    break;
+                }
+                tokio::select! {
+                    _ = a.state.changed() => {}
+                    _ = b.state.changed() => {}
+                }
+            }
+        })
+        .await
+        .expect("a leader again within the takeover bound");
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        // A write A sent before it heard may land after the change (a successor's lock delay
+        // covers it); none it sent later lands while the other holds the lock.
+        let heard = changed + Duration::from_secs(1) + transit;
+        let late: Vec<Landed> = nomad
+            .while_another_held()
+            .into_iter()
+            .filter(|w| w.at > heard)
+            .collect();
+        assert!(
+            late.is_empty(),
+            "key {}: {late:?}",
+            if rewritten { "rewritten" } else { "deleted" },
+        );
+        let _ = b.shutdown.take().map(|s| s.send(()));
+        let _ = a.shutdown.take().map(|s| s.send(()));
+    }
 }

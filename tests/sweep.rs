@@ -4,8 +4,9 @@
 
 use std::process::Command;
 
-use runner_scaler::observe::{ChildStatus, Placement};
-use runner_scaler::plan::{Plan, PlanInput, plan};
+use runner_scaler::sim::seeded::mutants::{
+    ignores_unplaced_children, never_dispatches, one_extra_runner,
+};
 use runner_scaler::sim::seeded::{
     RunSettings, Scenario, SweepReport, run_seed, run_seed_with, sweep, sweep_with,
 };
@@ -101,20 +102,6 @@ fn replayed_trace_names_what_was_dispatched_and_why_buckets_were_held() {
     assert!(outcome.simulated_s <= bound.bound_s);
 }
 
-/// The bug of BRIEF lesson 5: children Nomad could not place yet are not counted, so every
-/// tick dispatches again while the cluster is full.
-fn ignores_unplaced_children(input: PlanInput<'_>) -> Plan {
-    let mut snapshot = input.snapshot.clone();
-    for children in snapshot.parents.values_mut().flatten() {
-        children
-            .retain(|c| !(c.status == ChildStatus::Pending && c.placement == Placement::Unplaced));
-    }
-    plan(PlanInput {
-        snapshot: &snapshot,
-        ..input
-    })
-}
-
 #[test]
 fn a_planner_that_ignores_unplaced_children_fails_the_cluster_full_sweep() {
     let report = sweep_with(
@@ -145,12 +132,6 @@ fn a_planner_that_ignores_unplaced_children_fails_the_cluster_full_sweep() {
     }
 }
 
-fn never_dispatches(input: PlanInput<'_>) -> Plan {
-    let mut plan = plan(input);
-    plan.dispatches.clear();
-    plan
-}
-
 #[test]
 fn a_planner_that_never_dispatches_fails_on_timeliness() {
     let report = sweep_with(
@@ -164,17 +145,24 @@ fn a_planner_that_never_dispatches_fails_on_timeliness() {
         },
     );
     assert_eq!(report.failures.len(), 4, "{}", failures(&report));
+    // Work left waiting past its deadline (I2), or never drained (I6) where a seed's first
+    // jobs arrive while the leader may still wait (a lock delay, an idle repo's first read).
     for failure in &report.failures {
-        assert_eq!(failure.violation.as_ref().map(|v| v.invariant), Some("I2"));
+        let invariant = failure.violation.as_ref().map(|v| v.invariant);
+        assert!(
+            matches!(invariant, Some("I2" | "I6")),
+            "{}",
+            failures(&report)
+        );
     }
-}
-
-/// Dispatches one runner more than missing for every bucket that misses one.
-fn one_extra_runner(input: PlanInput<'_>) -> Plan {
-    let mut plan = plan(input);
-    let extra = plan.dispatches.clone();
-    plan.dispatches.extend(extra);
-    plan
+    assert!(
+        report
+            .failures
+            .iter()
+            .any(|f| f.violation.as_ref().map(|v| v.invariant) == Some("I2")),
+        "{}",
+        failures(&report)
+    );
 }
 
 #[test]
@@ -289,4 +277,20 @@ fn the_bench_prints_one_row_per_strategy_and_scenario_with_the_documented_keys()
             "{row}"
         );
     }
+}
+
+#[test]
+fn every_mutant_is_caught_by_the_invariant_it_is_named_for() {
+    // CI hunts on fewer seeds than `simulate --mutants` does by default.
+    let (code, stdout, stderr) = simulate(&["--mutants", "--seeds", "60"]);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    let count = runner_scaler::sim::seeded::mutants::Mutant::ALL.len();
+    assert!(
+        stdout.contains(&format!("{count} of {count} mutants caught")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("mutant lock-key-not-watched: caught by I8 at seed"),
+        "{stdout}"
+    );
 }

@@ -244,14 +244,22 @@ impl LockStore for ConsulLock {
         Self::boolean(&doing, status, &body)
     }
 
-    async fn release(&self, key: &str, session: &SessionId) -> Result<bool, LockError> {
+    async fn release(
+        &self,
+        key: &str,
+        session: &SessionId,
+        value: &[u8],
+    ) -> Result<bool, LockError> {
         check_session(session)?;
         check_key(key).map_err(|e| PortError::new(ErrorClass::Configuration, e))?;
         let doing = format!("release the lock {key} at {}", self.address);
-        let builder = self.request(
-            reqwest_0_11::Method::PUT,
-            &format!("/v1/kv/{key}?release={session}"),
-        );
+        // A release writes its body as the key's value, as any PUT does.
+        let builder = self
+            .request(
+                reqwest_0_11::Method::PUT,
+                &format!("/v1/kv/{key}?release={session}"),
+            )
+            .body(value.to_vec());
         let (status, _, body) = self.send(&doing, builder).await?;
         Self::boolean(&doing, status, &body)
     }

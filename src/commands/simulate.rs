@@ -20,6 +20,9 @@ pub fn simulate(args: SimulateArgs) -> ExitCode {
     if args.bench {
         return simulate_bench(&args);
     }
+    if args.mutants {
+        return simulate_mutants(&args);
+    }
     if args.scenario == "demo" {
         if args.seeds.is_some() {
             eprintln!(
@@ -85,6 +88,38 @@ fn simulate_sweep(
         print!("{}", report.render_text());
     }
     if report.ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_INVALID as u8)
+    }
+}
+
+/// Seeds each mutant is hunted through when `--seeds` is not given.
+const MUTANT_SEEDS_DEFAULT: u64 = 300;
+
+fn simulate_mutants(args: &SimulateArgs) -> ExitCode {
+    use crate::sim::seeded::mutants::{Mutant, hunt, render};
+    let seeds = args.seeds.unwrap_or(MUTANT_SEEDS_DEFAULT);
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    if !args.json {
+        println!(
+            "hunting {} mutants through up to {seeds} seeds each, on {threads} threads",
+            Mutant::ALL.len()
+        );
+    }
+    let hunts: Vec<_> = Mutant::ALL
+        .into_iter()
+        .map(|mutant| hunt(mutant, seeds, threads))
+        .collect();
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&hunts).expect("hunts serialise")
+        );
+    } else {
+        print!("{}", render(&hunts));
+    }
+    if hunts.iter().all(|h| h.caught.is_some()) {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(EXIT_INVALID as u8)

@@ -122,7 +122,15 @@ pub trait LockStore: Send + Sync {
         session: &SessionId,
         value: &[u8],
     ) -> Result<bool, LockError>;
-    async fn release(&self, key: &str, session: &SessionId) -> Result<bool, LockError>;
+    /// Releases the lock, writing `value` (this daemon's name) so that the key still says who
+    /// held it last: a key that reads empty was deleted, not released, and its last holder
+    /// may not know it lost it.
+    async fn release(
+        &self,
+        key: &str,
+        session: &SessionId,
+        value: &[u8],
+    ) -> Result<bool, LockError>;
     /// Reads the key; with `index > 0`, waits up to `wait` for it to change past `index`.
     async fn read_key(&self, key: &str, index: u64, wait: Duration) -> Result<LockKey, LockError>;
 }

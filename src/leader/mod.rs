@@ -11,6 +11,13 @@
 //! successor from acquiring for that long again after. A holder that loses its session (renew
 //! 404, or its fence ran out) stops acting at once and stands by again with a new session.
 //!
+//! The holder also watches the key itself (a blocking read through the term): a key deleted
+//! or rewritten under a valid session runs no lock delay, so a holder that watched only its
+//! session would act on beside a successor. It closes its fence as soon as the key stops
+//! naming its session; a successor that acquires a key that was gone (or finds the key
+//! naming its own session unasked) waits out the lock delay before acting, giving the last
+//! holder that long to hear of it.
+//!
 //! The fence is enforced at the write ports ([`fenced`]): the act step needs no change, a
 //! fenced write is a [`PortError`] it reports like any refusal.
 //!

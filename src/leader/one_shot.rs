@@ -100,7 +100,11 @@ impl OneShot {
         self.fence.close();
         if let Err(e) = within(
             self.settings.request_timeout(),
-            self.store.release(&self.settings.key, &self.session.id),
+            self.store.release(
+                &self.settings.key,
+                &self.session.id,
+                &self.settings.holder.to_value(),
+            ),
         )
         .await
         {

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tracing::{error, info, warn};
 
 use super::fence::Fence;
-use super::lock::{Holder, LockError, LockStore};
+use super::lock::{Holder, LockError, LockStore, SessionId};
 use super::session::{KeptSession, within};
 use super::{LeaderSettings, LeaderState};
 
@@ -137,6 +137,9 @@ async fn hold(
     let value = settings.holder.to_value();
     let mut lost = session.valid_until.clone();
     let mut index = 0u64;
+    // Whether this standby has seen another session hold the key: if it then finds the key
+    // gone, someone deleted it under that holder.
+    let mut seen_held = false;
     loop {
         if session.lost() {
             return Ended::Lost;
@@ -170,6 +173,7 @@ async fn hold(
         };
         // Held by our own session only if a release failed: re-acquiring it succeeds.
         if let Some(holder) = key.session.as_ref().filter(|h| **h != session.id.0) {
+            seen_held = true;
             let name = key.value.as_deref().map(Holder::describe);
             tracing::debug!(session = %holder, "the leader lock is held: standing by");
             state.send_replace(LeaderState::Standby { holder: name });
@@ -204,11 +208,75 @@ async fn hold(
                 }
             }
         }
-        return lead_term(store, settings, state, session, shutdown, act).await;
+        // A key its holder released, or whose session Consul invalidated (running the lock
+        // delay itself), is still there, unheld. One this standby saw held that is now gone
+        // was deleted, and one that names our session without our having acquired it was
+        // rewritten (a snapshot restore, a transaction): its last holder may not know yet
+        // that it lost it. (A key missing at the first look was never written, or deleted
+        // before this daemon started: its holder, if any, has heard by the time a first
+        // tick's reads are done.)
+        let predecessor_may_act = (key.value.is_none() && seen_held) || key.session.is_some();
+        return lead_term(
+            store,
+            settings,
+            state,
+            session,
+            shutdown,
+            act,
+            predecessor_may_act,
+        )
+        .await;
     }
 }
 
-/// One leadership term: `act` runs behind a fence until the session is lost or shutdown.
+/// Completes when the lock key no longer names `session` (deleted, released by someone else,
+/// or rewritten to another session), saying so; reads the key blocking-query style. A read
+/// that fails is tried again: while Consul cannot be reached, the session's own validity
+/// (the fence) is what ends the term.
+async fn until_key_lost(
+    store: &Arc<dyn LockStore>,
+    settings: &LeaderSettings,
+    session: &SessionId,
+) -> String {
+    let wait = settings.ttl.max(Duration::from_secs(1)) * 4;
+    let mut index = 0u64;
+    loop {
+        let read = within(
+            wait + wait / 16 + settings.request_timeout(),
+            store.read_key(&settings.key, index, wait),
+        )
+        .await;
+        match read {
+            Ok(key) => {
+                if key.session.as_deref() != Some(session.0.as_str()) {
+                    return match key.session {
+                        None => "the leader key no longer names this daemon's session (deleted, or released by someone else)".to_string(),
+                        Some(other) => format!(
+                            "the leader key names another session ({other}{}) instead of this daemon's",
+                            key.value
+                                .as_deref()
+                                .map(|v| format!(", value {}", Holder::describe(v)))
+                                .unwrap_or_default()
+                        ),
+                    };
+                }
+                index = if key.index < index {
+                    0
+                } else {
+                    key.index.max(1)
+                };
+            }
+            Err(e) => {
+                warn!(key = %settings.key, "watch the leader key: {e}");
+                index = 0;
+                tokio::time::sleep(settings.renew_retry()).await;
+            }
+        }
+    }
+}
+
+/// One leadership term: `act` runs behind a fence until the session is lost, the key stops
+/// naming it, or shutdown.
 async fn lead_term(
     store: &Arc<dyn LockStore>,
     settings: &LeaderSettings,
@@ -216,7 +284,24 @@ async fn lead_term(
     session: &KeptSession,
     shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
     act: &mut impl LeaderTerm,
+    predecessor_may_act: bool,
 ) -> Ended {
+    let mut key_lost = std::pin::pin!(until_key_lost(store, settings, &session.id));
+    // The key names us, but a predecessor may not know yet that it lost it: a key deleted or
+    // rewritten under its holder (`consul kv delete`, a snapshot restore) runs no lock delay,
+    // and the holder hears of it only as the answer to its blocking read of the key. Waiting
+    // out the lock delay before the first write gives it that long to stop.
+    if predecessor_may_act {
+        tokio::select! {
+            biased;
+            _ = shutdown.as_mut() => return Ended::Shutdown,
+            why = key_lost.as_mut() => {
+                warn!(key = %settings.key, "{why} before this daemon acted: standing by again");
+                return Ended::Lost;
+            }
+            _ = tokio::time::sleep(settings.lock_delay()) => {}
+        }
+    }
     let fence = Fence::new(session.valid_until.clone(), settings.landing());
     if fence.may_write().is_err() {
         fence.close();
@@ -237,10 +322,21 @@ async fn lead_term(
             _ = shutdown.as_mut() => break Ended::Shutdown,
             _ = tokio::time::sleep_until(deadline) => {
                 if fence.may_write().is_err() {
+                    error!(
+                        key = %settings.key,
+                        "leader lock lost (the session expired or could not be renewed in time): stopped acting; standing by again"
+                    );
                     break Ended::Lost;
                 }
             }
             _ = valid_until.changed() => {}
+            why = key_lost.as_mut() => {
+                // Close before anything else runs: the writes of this tick are refused from
+                // here on.
+                fence.close();
+                error!(key = %settings.key, "{why}: stopped acting; standing by again");
+                break Ended::Lost;
+            }
             _ = term.as_mut() => {
                 // The term ended on its own: nothing left to lead with.
                 term_done = true;
@@ -250,10 +346,6 @@ async fn lead_term(
     };
     if matches!(ended, Ended::Lost) {
         fence.close();
-        error!(
-            key = %settings.key,
-            "leader lock lost (the session expired or could not be renewed in time): stopped acting; standing by again"
-        );
     }
     // The tick in progress finishes (its writes refused once the fence closed).
     let _ = stop_tx.send(true);
@@ -266,7 +358,7 @@ async fn lead_term(
         // released key does not, so a standby takes over at once.
         match within(
             settings.request_timeout(),
-            store.release(&settings.key, &session.id),
+            store.release(&settings.key, &session.id, &settings.holder.to_value()),
         )
         .await
         {

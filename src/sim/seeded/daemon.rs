@@ -54,6 +54,7 @@ pub struct DaemonSettings {
     pub loop_settings: LoopSettings,
     pub lock_ttl: Duration,
     pub planner: Option<fn(PlanInput<'_>) -> Plan>,
+    pub mutant: Option<super::mutants::Mutant>,
     pub clock: SimClock,
     /// GitHub's side of the API, shared by every daemon (budgets are GitHub's).
     pub github: GitHubHttp,
@@ -92,8 +93,12 @@ impl Daemon {
         let (published_tx, published_rx) = watch::channel(None);
         let busy_ns = Arc::new(AtomicU64::new(0));
         let mut term_rng = StdRng::seed_from_u64(rand::RngCore::next_u64(rng));
-        let services = ports::services_over(shared, settings.github.clone(), true);
+        let services = ports::services_over(shared, settings.github.clone(), true, Some(id));
         let store = consul_lock::store(shared, id);
+        let store = match settings.mutant {
+            Some(mutant) => mutant.lock_store(store),
+            None => store,
+        };
         let leader = LeaderSettings {
             key: consul_lock::LEADER_KEY.into(),
             ttl: settings.lock_ttl,

@@ -493,16 +493,21 @@ fn leader_excuse(sim: &Sim) -> Option<String> {
         Some(term) if !sim.daemons_up.contains(&term.daemon) => {
             Some("the leader lock's holder is down".into())
         }
-        Some(term) if sim.t <= term.began_s + tick_time_s(sim, dispatches_max(sim)) => {
+        // A new leader waits out the lock delay before its first tick.
+        Some(term)
+            if sim.t
+                <= term.began_s
+                    + (super::run::LOCK_TTL / 3).as_secs()
+                    + tick_time_s(sim, dispatches_max(sim)) =>
+        {
             Some("a new leader's first tick".into())
         }
-        // A daemon keeps the last good document of its own reads only: one that starts
-        // leading while the key holds a bad edit has none until the edit is fixed.
+        // A daemon keeps the last good document of its own reads only: one whose term's first
+        // read (after the lock delay) meets a bad edit has none until the edit is fixed.
         Some(term)
-            if sim
-                .options
-                .bad_document
-                .is_some_and(|(start, end)| start <= term.began_s && sim.t < end) =>
+            if sim.options.bad_document.is_some_and(|(start, end)| {
+                start <= term.began_s + (super::run::LOCK_TTL / 3).as_secs() + 2 && sim.t < end
+            }) =>
         {
             Some("the leader began during a bad edit and has read no good document".into())
         }

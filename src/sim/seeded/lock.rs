@@ -21,6 +21,9 @@ use super::ports::{Call, Scope, Shared, Sim, lock, over_the_wire};
 use crate::leader::{LockError, LockKey, LockStore, SessionId, SessionRequest};
 use crate::model::{ErrorClass, PortError};
 
+/// The daemon a foreign session belongs to: none of the world's.
+pub const FOREIGN: usize = usize::MAX;
+
 /// The key the daemons of the world lock.
 pub const LEADER_KEY: &str = "runners/leader";
 
@@ -41,7 +44,22 @@ pub struct Term {
     pub daemon: usize,
     pub session: String,
     pub began_s: u64,
-    pub ended_s: Option<u64>,
+    /// Milliseconds since the run began, for judging writes sent inside it.
+    pub began_ms: u64,
+    pub ended_ms: Option<u64>,
+}
+
+/// What someone else does to the lock key (an operator, a cleanup script, a snapshot
+/// restore): nothing in the daemon's own logic causes these, and a holder that watched only
+/// its session's validity would not notice them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockHazard {
+    /// `consul kv delete runners/leader` (or a recursive delete of its prefix): the key is
+    /// gone, no lock delay runs, the holder's session stays valid.
+    Deleted,
+    /// The key is rewritten to name a session that is none of ours (a snapshot restore, a
+    /// transaction, `consul lock` on the same key) for `held_s`, then released.
+    TakenOver { held_s: u64 },
 }
 
 /// Consul's truth about the lock.
@@ -60,6 +78,10 @@ pub struct LockTruth {
     pub terms: Vec<Term>,
     /// When Consul last failed a lock call.
     pub last_fault_s: Option<u64>,
+    /// When each daemon last sent a write, in milliseconds since the run began.
+    latest_write_ms: BTreeMap<usize, u64>,
+    /// A foreign session holding the key, and when it lets go.
+    foreign: Option<(String, u64)>,
 }
 
 impl Default for LockTruth {
@@ -74,6 +96,8 @@ impl Default for LockTruth {
             changed: watch::channel(1).0,
             terms: Vec::new(),
             last_fault_s: None,
+            latest_write_ms: BTreeMap::new(),
+            foreign: None,
         }
     }
 }
@@ -81,22 +105,25 @@ impl Default for LockTruth {
 impl LockTruth {
     /// The daemon whose session holds the key, and since when.
     pub fn term(&self) -> Option<&Term> {
-        self.terms.last().filter(|t| t.ended_s.is_none())
+        self.terms
+            .last()
+            .filter(|t| t.ended_ms.is_none() && t.daemon != FOREIGN)
     }
 
-    fn set_holder(&mut self, holder: Option<String>, t: u64) {
+    fn set_holder(&mut self, holder: Option<String>, t: u64, now_ms: u64) {
         if let Some(term) = self.terms.last_mut()
-            && term.ended_s.is_none()
+            && term.ended_ms.is_none()
         {
-            term.ended_s = Some(t);
+            term.ended_ms = Some(now_ms);
         }
         if let Some(session) = &holder {
-            let daemon = self.sessions.get(session).map_or(usize::MAX, |s| s.daemon);
+            let daemon = self.sessions.get(session).map_or(FOREIGN, |s| s.daemon);
             self.terms.push(Term {
                 daemon,
                 session: session.clone(),
                 began_s: t,
-                ended_s: None,
+                began_ms: now_ms,
+                ended_ms: None,
             });
         }
         self.holder = holder;
@@ -106,11 +133,11 @@ impl LockTruth {
 
     /// The session `id` is gone: the key it held is released, and nobody may acquire it for
     /// the session's lock delay.
-    fn invalidate(&mut self, id: &str, now: Instant, t: u64) -> Option<SessionTruth> {
+    fn invalidate(&mut self, id: &str, now: Instant, t: u64, now_ms: u64) -> Option<SessionTruth> {
         let session = self.sessions.remove(id)?;
         if self.holder.as_deref() == Some(id) {
             self.delay_until = Some(now + session.lock_delay);
-            self.set_holder(None, t);
+            self.set_holder(None, t, now_ms);
         }
         Some(session)
     }
@@ -122,10 +149,102 @@ impl LockTruth {
 }
 
 impl Sim {
-    /// Consul's session reaper: sessions past their TTL are invalidated.
+    /// Milliseconds of virtual time since the run began.
+    pub fn now_ms(&self) -> u64 {
+        Instant::now()
+            .saturating_duration_since(self.started)
+            .as_millis() as u64
+    }
+
+    /// Someone else does `hazard` to the lock key now.
+    pub fn lock_hazard(&mut self, hazard: LockHazard) {
+        let t = self.t;
+        let now_ms = self.now_ms();
+        match hazard {
+            LockHazard::Deleted => {
+                self.lock.value = None;
+                self.lock.set_holder(None, t, now_ms);
+                self.trace
+                    .record(t, "the leader key was deleted (consul kv delete)");
+            }
+            LockHazard::TakenOver { held_s } => {
+                let id = "session-of-someone-else".to_string();
+                self.lock.value = Some(b"restored from a snapshot".to_vec());
+                self.lock.set_holder(Some(id.clone()), t, now_ms);
+                self.lock.foreign = Some((id, t + held_s));
+                self.trace.record(
+                    t,
+                    format!("the leader key was rewritten to a foreign session for {held_s} s"),
+                );
+            }
+        }
+    }
+
+    /// A daemon (`None`: a baseline, which holds no lock) sends a write now: it must be
+    /// inside its lease (its session holding the key, or the key changed so lately that the
+    /// news cannot have reached it yet), and no other daemon may have written since its term
+    /// began: one actor at a time.
+    pub fn write_sent(&mut self, writer: Option<usize>, what: &str) {
+        let Some(daemon) = writer else { return };
+        let now_ms = self.now_ms();
+        // The change reaches a holder as the answer to its blocking read of the key: one way
+        // of a Consul call, and a second of its own work.
+        let notice_ms = self.options.latency(Service::Consul).max().as_millis() as u64 + 1_000;
+        let term = self
+            .lock
+            .terms
+            .iter()
+            .rev()
+            .find(|t| t.daemon == daemon)
+            .cloned();
+        let found = match &term {
+            None => Some(format!("daemon {daemon} sent {what} without ever holding the lock")),
+            Some(term) => match term.ended_ms {
+                Some(end) if now_ms > end + notice_ms => Some(format!(
+                    "daemon {daemon} sent {what} at {now_ms} ms, {} ms after the key stopped                      naming its session ({}) at {end} ms",
+                    now_ms - end,
+                    term.session
+                )),
+                _ => self
+                    .lock
+                    .latest_write_ms
+                    .iter()
+                    .find(|(other, at)| **other != daemon && **at > term.began_ms)
+                    .map(|(other, at)| {
+                        format!(
+                            "daemon {daemon} sent {what} at {now_ms} ms while daemon {other}                              had written at {at} ms, after daemon {daemon}'s term began at {} ms",
+                            term.began_ms
+                        )
+                    }),
+            },
+        };
+        if let Some(message) = found {
+            let t = self.t;
+            self.violation.get_or_insert(super::invariants::Violation {
+                invariant: "I8",
+                step: t,
+                message,
+            });
+        }
+        self.lock.latest_write_ms.insert(daemon, now_ms);
+    }
+
+    /// Consul's session reaper: sessions past their TTL are invalidated; a foreign session
+    /// lets go of the key when its time is up.
     pub fn reap_sessions(&mut self) {
         let now = Instant::now();
         let t = self.t;
+        let now_ms = self.now_ms();
+        if let Some((id, until)) = self.lock.foreign.clone()
+            && t >= until
+        {
+            self.lock.foreign = None;
+            if self.lock.holder.as_deref() == Some(id.as_str()) {
+                self.lock.set_holder(None, t, now_ms);
+                self.trace
+                    .record(t, "the foreign session let go of the leader key");
+            }
+        }
         let expired: Vec<String> = self
             .lock
             .sessions
@@ -134,7 +253,7 @@ impl Sim {
             .map(|(id, _)| id.clone())
             .collect();
         for id in expired {
-            if let Some(session) = self.lock.invalidate(&id, now, t) {
+            if let Some(session) = self.lock.invalidate(&id, now, t, now_ms) {
                 self.trace.record(
                     t,
                     format!(
@@ -225,8 +344,8 @@ impl LockStore for SimLock {
     async fn destroy_session(&self, session: &SessionId) -> Result<(), LockError> {
         over_the_wire(&self.shared, Service::Consul, |sim| {
             consul_call(sim, "destroy session")?;
-            let t = sim.t;
-            sim.lock.invalidate(&session.0, Instant::now(), t);
+            let (t, now_ms) = (sim.t, sim.now_ms());
+            sim.lock.invalidate(&session.0, Instant::now(), t, now_ms);
             Ok(())
         })
         .await
@@ -261,7 +380,8 @@ impl LockStore for SimLock {
                 None if delayed => Ok(false),
                 None => {
                     sim.lock.value = Some(value.to_vec());
-                    sim.lock.set_holder(Some(session.0.clone()), t);
+                    let now_ms = sim.now_ms();
+                    sim.lock.set_holder(Some(session.0.clone()), t, now_ms);
                     // What the last term read says nothing of what the new one will.
                     sim.queue_reads.clear();
                     sim.trace.record(
@@ -275,15 +395,21 @@ impl LockStore for SimLock {
         .await
     }
 
-    async fn release(&self, key: &str, session: &SessionId) -> Result<bool, LockError> {
+    async fn release(
+        &self,
+        key: &str,
+        session: &SessionId,
+        value: &[u8],
+    ) -> Result<bool, LockError> {
         let daemon = self.daemon;
         over_the_wire(&self.shared, Service::Consul, |sim| {
             consul_call(sim, "release the lock")?;
             if key != LEADER_KEY || sim.lock.holder.as_deref() != Some(session.0.as_str()) {
                 return Ok(false);
             }
-            let t = sim.t;
-            sim.lock.set_holder(None, t);
+            let (t, now_ms) = (sim.t, sim.now_ms());
+            sim.lock.value = Some(value.to_vec());
+            sim.lock.set_holder(None, t, now_ms);
             sim.trace
                 .record(t, format!("daemon {daemon} released the leader lock"));
             Ok(true)

@@ -17,9 +17,29 @@ pub(super) struct LogWatch(Arc<Mutex<LogState>>);
 struct LogState {
     lines: u64,
     leak: Option<String>,
+    /// Lines at these levels are also written to stderr (`RUNNER_SCALER_SIM_LOG`, e.g.
+    /// `warn` or `info`: what a replay's daemon said), tokens masked.
+    echo: Vec<&'static str>,
 }
 
 impl LogWatch {
+    /// A sink that also echoes the daemon's lines at the level `RUNNER_SCALER_SIM_LOG` names
+    /// and above to stderr.
+    pub(super) fn from_env() -> LogWatch {
+        let levels = ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"];
+        let echo = std::env::var("RUNNER_SCALER_SIM_LOG")
+            .ok()
+            .and_then(|level| {
+                let level = level.to_ascii_uppercase();
+                levels.iter().position(|l| *l == level)
+            })
+            .map(|upto| levels[..=upto].to_vec())
+            .unwrap_or_default();
+        let watch = LogWatch::default();
+        watch.state().echo = echo;
+        watch
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, LogState> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -40,6 +60,13 @@ impl io::Write for LogWatch {
         state.lines += text.matches('\n').count() as u64;
         if state.leak.is_none() && text.contains(CANARY) {
             state.leak = Some(text.replace(CANARY, "<TOKEN>").trim_end().to_string());
+        }
+        if state
+            .echo
+            .iter()
+            .any(|level| text.contains(&format!(" {level} ")))
+        {
+            eprint!("{}", text.replace(CANARY, "<TOKEN>"));
         }
         Ok(buf.len())
     }

@@ -24,7 +24,7 @@
 //! - [`consul`]: the document key behind a blocking query; [`lock`]: Consul's side of the
 //!   leader lock (sessions, TTLs, lock delay, the key), whose truth judges one actor at a time.
 //! - [`daemon`]: a daemon process of the world, started, crashed and started again.
-//! - [`invariants`]: the invariants I1 to I7.
+//! - [`invariants`]: the invariants I1 to I8; [`mutants`]: broken daemons they must catch.
 //! - [`trace`]: the event trace and its hash.
 //! - [`run`]: the run of one seed; `sweep`: seeds across threads; `render`: the text a sweep
 //!   and a replay print; `log_watch`: the log sink that catches a leaked token.
@@ -38,6 +38,7 @@ pub mod invariants;
 pub mod latency;
 pub mod lock;
 mod log_watch;
+pub mod mutants;
 pub mod options;
 pub mod ports;
 mod render;
@@ -73,6 +74,9 @@ pub const STEP_S: u64 = 1;
 pub struct RunSettings {
     /// Replaces the planner (a mutant, to prove the invariants catch it).
     pub planner: Option<fn(PlanInput<'_>) -> Plan>,
+    /// A broken daemon (its planner is in `planner`; other layers are broken through the
+    /// world's ports).
+    pub mutant: Option<mutants::Mutant>,
     /// Keep the event trace as text (a replay prints it).
     pub keep_trace: bool,
     /// Who runs the runners: our controller, or a baseline the benchmark compares it to.

@@ -12,6 +12,7 @@ use rand::seq::IndexedRandom;
 use serde_json::{Value, json};
 
 use super::latency::{self, Latency};
+use super::lock::LockHazard;
 use super::scenario_name::Scenario;
 
 /// A service the world can make fail.
@@ -152,6 +153,10 @@ pub struct Options {
     pub webhooks: Option<Webhooks>,
     /// How long each service takes to answer, each way (see [`super::latency`]).
     pub latency: BTreeMap<Service, Latency>,
+    /// How many daemons share the lock (one leads, the other stands by).
+    pub daemons: usize,
+    /// What someone else does to the lock key, and when.
+    pub lock_hazards: Vec<(u64, LockHazard)>,
 }
 
 /// How webhooks reach the daemon.
@@ -208,8 +213,10 @@ impl Options {
             idle_confirm_s: 120,
             hot_repos: None,
             webhooks: None,
-            // Drawn by `draw_latencies` from a stream of their own.
+            // Drawn by `draw_latencies` and `draw_daemons` from streams of their own.
             latency: BTreeMap::new(),
+            daemons: 1,
+            lock_hazards: Vec::new(),
         };
         if rng.random_bool(0.3) {
             let start = rng.random_range(60..=options.faults_end_s.max(61));
@@ -388,6 +395,23 @@ impl Options {
     /// Draws how long each service takes to answer.
     pub fn draw_latencies(&mut self, rng: &mut StdRng) {
         self.latency = latency::draw(rng);
+    }
+
+    /// Draws how many daemons run and what happens to their lock key: often a standby beside
+    /// the leader, sometimes the key deleted or rewritten under the holder while faults last.
+    pub fn draw_daemons(&mut self, rng: &mut StdRng) {
+        self.daemons = if rng.random_bool(0.3) { 2 } else { 1 };
+        if rng.random_bool(0.25) {
+            let at = rng.random_range(60..=self.faults_end_s.max(61));
+            let hazard = if rng.random_bool(0.5) {
+                LockHazard::Deleted
+            } else {
+                LockHazard::TakenOver {
+                    held_s: rng.random_range(10..=120),
+                }
+            };
+            self.lock_hazards.push((at, hazard));
+        }
     }
 
     pub fn latency(&self, service: Service) -> Latency {

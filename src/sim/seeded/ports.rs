@@ -99,6 +99,8 @@ pub struct Sim {
     /// A violation found outside the world's own step (in a daemon's output), for the
     /// driver to report at the end of the step.
     pub violation: Option<super::invariants::Violation>,
+    /// When the run began, on the runtime's clock.
+    pub started: tokio::time::Instant,
     /// The invariants, judged after every step of the world and after every call that
     /// changes it (a dispatch that lands mid-second can fill a cap a step never sees full);
     /// `None` once a baseline has failed one (it is measured, not judged, from then on).
@@ -332,6 +334,7 @@ impl Sim {
             daemon_configs: BTreeMap::new(),
             slow_call_until_s: 0,
             checker: None,
+            started: tokio::time::Instant::now(),
         }
     }
 
@@ -532,7 +535,8 @@ async fn mint_through(
 }
 
 /// Forgejo (`forgejo` repos): no timestamps, no runner names; a claimed job reads as claimed.
-pub struct ForgejoPort(pub Shared);
+/// The writer is the daemon whose calls these are (`None`: a baseline, which holds no lock).
+pub struct ForgejoPort(pub Shared, pub Option<usize>);
 
 #[async_trait]
 impl QueueSource for ForgejoPort {
@@ -584,6 +588,7 @@ impl Registrar for ForgejoPort {
         repo: &RepoConfig,
         _runner: RunnerIdentity<'_>,
     ) -> Result<Option<Credential>, PortError> {
+        lock(&self.0).write_sent(self.1, "mint a Forgejo registration token");
         // The Forgejo API token comes from Vault, so a Vault outage stops minting too.
         mint_through(&self.0, repo, Service::Forgejo, true).await
     }
@@ -594,7 +599,8 @@ impl Registrar for ForgejoPort {
 }
 
 /// Nomad: one listing per parent, dispatch with idempotency tokens, re-read, purge.
-pub struct NomadPort(pub Shared);
+/// The writer is the daemon whose calls these are (`None`: a baseline, which holds no lock).
+pub struct NomadPort(pub Shared, pub Option<usize>);
 
 #[async_trait]
 impl ChildSource for NomadPort {
@@ -789,6 +795,7 @@ impl NomadPort {
 #[async_trait]
 impl ChildControl for NomadPort {
     async fn dispatch(&self, request: &DispatchRequest) -> Result<Dispatched, PortError> {
+        lock(&self.0).write_sent(self.1, "a dispatch");
         over_the_wire(&self.0, Service::Nomad, |sim| {
             Self::dispatch_now(sim, request)
         })
@@ -800,6 +807,7 @@ impl ChildControl for NomadPort {
     }
 
     async fn purge(&self, child: &ChildId) -> Result<(), PortError> {
+        lock(&self.0).write_sent(self.1, "a purge");
         over_the_wire(&self.0, Service::Nomad, |sim| Self::purge_now(sim, child)).await
     }
 
@@ -811,6 +819,7 @@ impl ChildControl for NomadPort {
     }
 
     async fn stop(&self, child: &ChildId) -> Result<(), PortError> {
+        lock(&self.0).write_sent(self.1, "a stop");
         over_the_wire(&self.0, Service::Nomad, |sim| Self::stop_now(sim, child)).await
     }
 }
@@ -828,19 +837,23 @@ pub fn services_with(shared: &Shared, conditional_requests: bool) -> Services {
         shared,
         super::github_http::GitHubHttp::new(shared),
         conditional_requests,
+        None,
     )
 }
 
 /// A daemon's ports: its own GitHub client over `github`, GitHub's side of the API, which
-/// every daemon of the world shares.
+/// every daemon of the world shares; `writer` is the daemon, whose writes are judged against
+/// its lease.
 pub fn services_over(
     shared: &Shared,
     github: super::github_http::GitHubHttp,
     conditional_requests: bool,
+    writer: Option<usize>,
 ) -> Services {
-    let github = Arc::new(GitHubForge::over(shared, github, conditional_requests));
-    let forgejo = Arc::new(ForgejoPort(shared.clone()));
-    let nomad = Arc::new(NomadPort(shared.clone()));
+    let github =
+        Arc::new(GitHubForge::over(shared, github, conditional_requests).with_writer(writer));
+    let forgejo = Arc::new(ForgejoPort(shared.clone(), writer));
+    let nomad = Arc::new(NomadPort(shared.clone(), writer));
     Services {
         github: Some(Forge {
             queue: github.clone(),

@@ -79,6 +79,7 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
     }
     let mut latency_rng = StdRng::seed_from_u64(rng.next_u64());
     options.draw_latencies(&mut latency_rng);
+    options.draw_daemons(&mut StdRng::seed_from_u64(rng.next_u64()));
     let mut world = World::new(&options, repo_urls).with_arrivals(arrivals_rng);
     world.add_foreign_child("ci-runner");
     let loop_settings = LoopSettings {
@@ -104,6 +105,7 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
         Strategy::Ours => Actor::Ours {
             rng: controller_rng,
             planner: settings.planner,
+            mutant: settings.mutant,
         },
         // The seed makes no conditional requests: every listing is billed.
         Strategy::Seed => Actor::Seed(baselines::SeedPoller::new(
@@ -116,7 +118,7 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
         )),
     };
 
-    let logs = LogWatch::default();
+    let logs = LogWatch::from_env();
     let subscriber = tracing_subscriber::fmt()
         // Everything the daemon logs is searched for tokens; tower's buffer only says that
         // it passes requests on (several lines per GitHub request, all cost, no content).
@@ -172,6 +174,7 @@ enum Actor {
     Ours {
         rng: StdRng,
         planner: Option<fn(crate::plan::PlanInput<'_>) -> crate::plan::Plan>,
+        mutant: Option<super::mutants::Mutant>,
     },
     Seed(baselines::SeedPoller),
     Ephemerd(baselines::EphemerdPreVeto),
@@ -229,11 +232,18 @@ async fn world(
     };
     let tick_log = Arc::new(Mutex::new(TickLog::default()));
     let mut daemons: Vec<Daemon> = Vec::new();
-    if let Actor::Ours { rng, planner } = actor {
+    lock(shared).started = start;
+    if let Actor::Ours {
+        rng,
+        planner,
+        mutant,
+    } = actor
+    {
         let settings = DaemonSettings {
             loop_settings: loop_settings.clone(),
             lock_ttl: LOCK_TTL,
             planner: *planner,
+            mutant: *mutant,
             clock: SimClock { start },
             github: GitHubHttp::new(shared),
         };
@@ -253,6 +263,16 @@ async fn world(
         let config = {
             let mut sim = lock(shared);
             sim.advance(t);
+            let hazards: Vec<_> = sim
+                .options
+                .lock_hazards
+                .iter()
+                .filter(|(at, _)| *at == t)
+                .map(|(_, hazard)| *hazard)
+                .collect();
+            for hazard in hazards {
+                sim.lock_hazard(hazard);
+            }
             sim.reap_sessions();
             if sim
                 .options

@@ -65,6 +65,8 @@ pub struct GitHubForge {
     http: GitHubHttp,
     conditional_requests: bool,
     client: OnceLock<GitHub>,
+    /// The daemon whose calls these are (`None`: a baseline or a test, which holds no lock).
+    writer: Option<usize>,
 }
 
 /// Marks a mint in flight for as long as it lives, however the mint ends.
@@ -112,7 +114,14 @@ impl GitHubForge {
             http,
             conditional_requests,
             client: OnceLock::new(),
+            writer: None,
         }
+    }
+
+    /// Judges this client's writes against `writer`'s lease.
+    pub fn with_writer(mut self, writer: Option<usize>) -> GitHubForge {
+        self.writer = writer;
+        self
     }
 
     /// The service the client talks to.
@@ -215,6 +224,7 @@ impl RunnerRegistry for GitHubForge {
         repo: &RepoConfig,
         runner_id: u64,
     ) -> Result<Deregistration, PortError> {
+        lock(&self.shared).write_sent(self.writer, "a registration delete");
         let _managing = ManagingRunners::start(&self.http);
         self.client().delete_runner(repo, runner_id).await
     }
@@ -227,6 +237,7 @@ impl Registrar for GitHubForge {
         repo: &RepoConfig,
         runner: RunnerIdentity<'_>,
     ) -> Result<Option<Credential>, PortError> {
+        lock(&self.shared).write_sent(self.writer, "a mint");
         let result = {
             let _minting = Minting::start(&self.http);
             self.client().mint(repo, runner).await

@@ -124,9 +124,17 @@ impl LockStore for TwinLock {
         }
     }
 
-    async fn release(&self, key: &str, session: &SessionId) -> Result<bool, LockError> {
+    async fn release(
+        &self,
+        key: &str,
+        session: &SessionId,
+        value: &[u8],
+    ) -> Result<bool, LockError> {
         self.gate().await?;
-        let released = self.twin.state().release(key, &session.0, Vec::new(), None);
+        let released = self
+            .twin
+            .state()
+            .release(key, &session.0, value.to_vec(), None);
         match released {
             Err(message) => Err(Self::server_error(message)),
             Ok(None) => Ok(false),

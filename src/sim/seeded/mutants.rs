@@ -1,0 +1,276 @@
+//! Deliberately broken daemons, one per guard, each named with the invariant expected to
+//! catch it: the world proves it can fail. A mutant breaks one layer through a seam outside
+//! the product's decisions (a planner plugged in, or a port of the world's that lies the way
+//! the broken code would have read it); the product itself has no test switch.
+//! `runner-scaler simulate --mutants` hunts each through the seeds of its scenario and prints
+//! the first seed that caught it.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Serialize;
+
+use super::{RunSettings, Scenario, run_seed_with};
+use crate::leader::{LockError, LockKey, LockStore, SessionId, SessionRequest};
+use crate::observe::{ChildStatus, Placement};
+use crate::plan::{Plan, PlanInput, plan};
+
+/// A broken daemon.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mutant {
+    /// The holder never notices its lock key deleted or rewritten under it (it watches only
+    /// its session's validity, as the leader did before issue 19).
+    LockKeyNotWatched,
+    /// Children Nomad could not place yet are not counted (BRIEF lesson 5), so every tick
+    /// dispatches again while the cluster is full.
+    UnplacedNotCounted,
+    /// Never dispatches.
+    NeverDispatches,
+    /// Dispatches every runner it sends twice.
+    Overdispatches,
+}
+
+impl Mutant {
+    pub const ALL: [Mutant; 4] = [
+        Mutant::LockKeyNotWatched,
+        Mutant::UnplacedNotCounted,
+        Mutant::NeverDispatches,
+        Mutant::Overdispatches,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mutant::LockKeyNotWatched => "lock-key-not-watched",
+            Mutant::UnplacedNotCounted => "unplaced-not-counted",
+            Mutant::NeverDispatches => "never-dispatches",
+            Mutant::Overdispatches => "overdispatches",
+        }
+    }
+
+    /// The invariants expected to catch it (the first is the one it is named for).
+    pub fn caught_by(self) -> &'static [&'static str] {
+        match self {
+            Mutant::LockKeyNotWatched => &["I8"],
+            Mutant::UnplacedNotCounted => &["I3", "I7"],
+            Mutant::NeverDispatches => &["I2"],
+            Mutant::Overdispatches => &["I3", "I7"],
+        }
+    }
+
+    /// The scenario whose seeds it is hunted in.
+    pub fn scenario(self) -> Scenario {
+        match self {
+            Mutant::LockKeyNotWatched => Scenario::Mixed,
+            Mutant::UnplacedNotCounted => Scenario::ClusterFull,
+            Mutant::NeverDispatches => Scenario::Steady,
+            Mutant::Overdispatches => Scenario::Burst,
+        }
+    }
+
+    /// The run settings that plug it in.
+    pub fn settings(self) -> RunSettings {
+        let planner: Option<fn(PlanInput<'_>) -> Plan> = match self {
+            Mutant::LockKeyNotWatched => None,
+            Mutant::UnplacedNotCounted => Some(ignores_unplaced_children),
+            Mutant::NeverDispatches => Some(never_dispatches),
+            Mutant::Overdispatches => Some(one_extra_runner),
+        };
+        RunSettings {
+            planner,
+            mutant: Some(self),
+            ..RunSettings::default()
+        }
+    }
+
+    /// The daemon's lock store, as this mutant sees it.
+    pub fn lock_store(self, store: Arc<dyn LockStore>) -> Arc<dyn LockStore> {
+        match self {
+            Mutant::LockKeyNotWatched => Arc::new(BlindToKeyChanges {
+                inner: store,
+                held: Mutex::new(None),
+            }),
+            _ => store,
+        }
+    }
+}
+
+/// A planner that does not count children without an allocation.
+pub fn ignores_unplaced_children(input: PlanInput<'_>) -> Plan {
+    let mut snapshot = input.snapshot.clone();
+    for children in snapshot.parents.values_mut().flatten() {
+        children
+            .retain(|c| !(c.status == ChildStatus::Pending && c.placement == Placement::Unplaced));
+    }
+    plan(PlanInput {
+        snapshot: &snapshot,
+        ..input
+    })
+}
+
+pub fn never_dispatches(input: PlanInput<'_>) -> Plan {
+    let mut plan = plan(input);
+    plan.dispatches.clear();
+    plan
+}
+
+/// Dispatches one runner more than missing for every runner it sends.
+pub fn one_extra_runner(input: PlanInput<'_>) -> Plan {
+    let mut plan = plan(input);
+    let extra = plan.dispatches.clone();
+    plan.dispatches.extend(extra);
+    plan
+}
+
+/// Once this daemon acquired the key, every read of it names this daemon's session, whatever
+/// the key says: the holder cannot see it deleted or rewritten.
+struct BlindToKeyChanges {
+    inner: Arc<dyn LockStore>,
+    held: Mutex<Option<SessionId>>,
+}
+
+impl BlindToKeyChanges {
+    fn held(&self) -> std::sync::MutexGuard<'_, Option<SessionId>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[async_trait]
+impl LockStore for BlindToKeyChanges {
+    async fn create_session(&self, request: &SessionRequest) -> Result<SessionId, LockError> {
+        self.inner.create_session(request).await
+    }
+
+    async fn renew_session(&self, session: &SessionId) -> Result<(), LockError> {
+        self.inner.renew_session(session).await
+    }
+
+    async fn destroy_session(&self, session: &SessionId) -> Result<(), LockError> {
+        *self.held() = None;
+        self.inner.destroy_session(session).await
+    }
+
+    async fn acquire(
+        &self,
+        key: &str,
+        session: &SessionId,
+        value: &[u8],
+    ) -> Result<bool, LockError> {
+        let acquired = self.inner.acquire(key, session, value).await?;
+        if acquired {
+            *self.held() = Some(session.clone());
+        }
+        Ok(acquired)
+    }
+
+    async fn release(
+        &self,
+        key: &str,
+        session: &SessionId,
+        value: &[u8],
+    ) -> Result<bool, LockError> {
+        *self.held() = None;
+        self.inner.release(key, session, value).await
+    }
+
+    async fn read_key(&self, key: &str, index: u64, wait: Duration) -> Result<LockKey, LockError> {
+        let mut read = self.inner.read_key(key, index, wait).await?;
+        if let Some(held) = self.held().clone() {
+            read.session = Some(held.0);
+        }
+        Ok(read)
+    }
+}
+
+/// What hunting one mutant found.
+#[derive(Clone, Debug, Serialize)]
+pub struct Hunt {
+    pub mutant: Mutant,
+    pub scenario: Scenario,
+    pub expected: &'static [&'static str],
+    /// The first seed that caught it with an expected invariant, and that invariant.
+    pub caught: Option<(u64, &'static str)>,
+    /// Seeds it met that failed on another invariant first, before it was caught.
+    pub other_failures: Vec<(u64, &'static str)>,
+    pub seeds_tried: u64,
+}
+
+/// Runs `mutant` on seeds 1..=`seeds` of its scenario until an expected invariant catches it,
+/// `threads` seeds at a time.
+pub fn hunt(mutant: Mutant, seeds: u64, threads: usize) -> Hunt {
+    let mut found = Hunt {
+        mutant,
+        scenario: mutant.scenario(),
+        expected: mutant.caught_by(),
+        caught: None,
+        other_failures: Vec::new(),
+        seeds_tried: 0,
+    };
+    let threads = threads.max(1) as u64;
+    let mut next = 1;
+    while next <= seeds && found.caught.is_none() {
+        let batch: Vec<u64> = (next..=(next + threads - 1).min(seeds)).collect();
+        next += batch.len() as u64;
+        let outcomes: Vec<_> = std::thread::scope(|scope| {
+            let handles: Vec<_> = batch
+                .iter()
+                .map(|seed| {
+                    let seed = *seed;
+                    scope.spawn(move || run_seed_with(mutant.scenario(), seed, mutant.settings()))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a seed's thread panicked"))
+                .collect()
+        });
+        for outcome in outcomes {
+            found.seeds_tried += 1;
+            let Some(v) = &outcome.violation else {
+                continue;
+            };
+            if found.caught.is_none() && found.expected.contains(&v.invariant) {
+                found.caught = Some((outcome.seed, v.invariant));
+            } else if found.caught.is_none() {
+                found.other_failures.push((outcome.seed, v.invariant));
+            }
+        }
+    }
+    found
+}
+
+/// One line per mutant, then `N of N mutants caught`.
+pub fn render(hunts: &[Hunt]) -> String {
+    let mut out = String::new();
+    for h in hunts {
+        let line = match h.caught {
+            Some((seed, invariant)) => format!(
+                "mutant {}: caught by {invariant} at seed {seed} of {} ({} seed(s) run)",
+                h.mutant.name(),
+                h.scenario,
+                h.seeds_tried
+            ),
+            None => format!(
+                "mutant {}: NOT caught by {} in {} seed(s) of {}",
+                h.mutant.name(),
+                h.expected.join(" or "),
+                h.seeds_tried,
+                h.scenario
+            ),
+        };
+        out.push_str(&line);
+        if !h.other_failures.is_empty() {
+            let others: Vec<String> = h
+                .other_failures
+                .iter()
+                .map(|(seed, invariant)| format!("seed {seed}: {invariant}"))
+                .collect();
+            out.push_str(&format!(" [failed first elsewhere: {}]", others.join(", ")));
+        }
+        out.push('\n');
+    }
+    let caught = hunts.iter().filter(|h| h.caught.is_some()).count();
+    out.push_str(&format!("{caught} of {} mutants caught\n", hunts.len()));
+    out
+}
