@@ -429,13 +429,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
     }
 
     // Every bucket that has demand or supply, in key order: repo, then label set.
-    let repo_ranks = repos.ranks();
-    let label_ranks = label_sets.ranks();
-    let mut order: Vec<(usize, usize, usize)> = (buckets.all.iter().enumerate())
-        .map(|(b, bucket)| (repo_ranks[bucket.repo], label_ranks[bucket.labels], b))
-        .collect();
-    order.sort_unstable();
-    let in_key_order: Vec<usize> = order.iter().map(|(_, _, b)| *b).collect();
+    let in_key_order = index::in_key_order(&buckets.all, &repos.ranks(), &label_sets.ranks());
     let cover = wider::cover_from_wider(&buckets.all, &in_key_order, &label_sets);
 
     let facts = HoldFacts {
@@ -447,13 +441,18 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             .collect(),
         settings,
         global_gap: first_parent_gap(snapshot, snapshot.parents.keys()),
-        lingering_gap: {
-            let named = input.config.parents();
-            first_parent_gap(
-                snapshot,
-                snapshot.parents.keys().filter(|p| !named.contains(*p)),
-            )
-        },
+        // Only a failed listing is a gap, so only those few parents are looked up in the
+        // document: collecting every parent it names, a set of strings per repo, took a
+        // tenth of a plan, every tick, for nothing while all listings succeeded.
+        lingering_gap: first_parent_gap(
+            snapshot,
+            snapshot
+                .parents
+                .iter()
+                .filter(|(_, listing)| listing.is_err())
+                .map(|(parent, _)| parent)
+                .filter(|parent| !names_parent(config, parent)),
+        ),
         undiscovered: snapshot.undiscovered.as_ref().map(|gap| {
             format!(
                 "the parents of our children could not be listed: {}",
@@ -476,8 +475,8 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
     // `DateTime`s, in the same order.
     let mut units: Vec<(i64, u32, usize)> = Vec::with_capacity(out.queued_total as usize);
     let mut queued_jobs = queued_jobs.by_bucket(&buckets.all);
-    out.buckets.reserve(order.len());
-    for (_, _, b) in order {
+    out.buckets.reserve(in_key_order.len());
+    for &b in &in_key_order {
         let bucket = buckets.all[b];
         let Bucket {
             repo,
@@ -566,7 +565,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
     // Share the caps: every missing runner in the order of the job it would serve. Ties are
     // broken by bucket order, which is deterministic (the order of bucket keys); candidates
     // are numbered in that order, and no two units of one candidate differ.
-    units.sort_unstable();
+    index::sort_by_time(&mut units);
     // From here on the in-flight counts also count the runners planned so far.
     let mut total_used = out.in_flight_total;
     for (_, _, c) in units {
@@ -674,7 +673,19 @@ fn nominate(
     // Surplus per bucket: which of its children go, unplaced ones first (no runner exists),
     // then the oldest. Never one a job in progress names.
     let mut surplus: HashSet<&ChildId> = HashSet::new();
-    let mut by_bucket: HashMap<Option<usize>, Vec<&Child>> = HashMap::new();
+    // How many of a bucket's idle children are surplus: none while it has jobs queued.
+    let spare = |b: usize| -> usize {
+        let (bucket, lent) = (&buckets[b], lent[b]);
+        if bucket.queued > 0 {
+            return 0;
+        }
+        // Runners counted for a narrower bucket's queued jobs are about to take them.
+        (bucket.supply - bucket.running()).saturating_sub(lent) as usize
+    };
+    // Only the idle children of buckets with some to spare are gathered, as (bucket, child):
+    // most buckets have jobs queued, and a list per bucket in a map cost an allocation and a
+    // keyed hash for each of thousands of buckets, only to be thrown away.
+    let mut idle_of_spare: Vec<(usize, &Child)> = Vec::new();
     for (child, repo, bucket) in flight {
         // A child the planner cannot attribute to a bucket of a readable queue has no demand
         // it could serve: a leftover of a repo that left the document, or of an edit.
@@ -682,30 +693,30 @@ fn nominate(
         // since: no runner is taken back on it.
         let demand_known = repo
             .is_some_and(|r| slots[r].queue_gap.is_none() && slots[r].read_earlier_at.is_none());
-        let key = match (bucket, demand_known) {
+        let bucket = match (bucket, demand_known) {
             (Some(b), true) => Some(*b),
             (_, true) => None,
             (_, false) if repo.is_some_and(|r| slots[r].config.is_some()) => continue,
             _ => None,
         };
-        if !busy(child) {
-            by_bucket.entry(key).or_default().push(child);
+        if busy(child) {
+            continue;
+        }
+        match bucket {
+            // No bucket, so no demand: every idle one is surplus.
+            None => {
+                surplus.insert(&child.id);
+            }
+            Some(b) if spare(b) > 0 => idle_of_spare.push((b, child)),
+            Some(_) => {}
         }
     }
-    for (bucket, mut idle) in by_bucket {
-        let excess = match bucket {
-            Some(b) => {
-                let (bucket, lent) = (&buckets[b], lent[b]);
-                if bucket.queued > 0 {
-                    continue;
-                }
-                // Runners counted for a narrower bucket's queued jobs are about to take them.
-                (bucket.supply - bucket.running()).saturating_sub(lent) as usize
-            }
-            None => idle.len(),
-        };
-        idle.sort_by_key(|c| (c.placement.is_placed(), c.submitted_at, &c.id));
-        surplus.extend(idle.into_iter().take(excess).map(|c| &c.id));
+    // By bucket, and within one the order its own list was sorted in: unplaced ones first,
+    // then the oldest.
+    idle_of_spare.sort_by_key(|(b, c)| (*b, c.placement.is_placed(), c.submitted_at, &c.id));
+    for idle in idle_of_spare.chunk_by(|x, y| x.0 == y.0) {
+        let excess = spare(idle[0].0);
+        surplus.extend(idle.iter().take(excess).map(|(_, c)| &c.id));
     }
 
     let mut out = Vec::new();
@@ -804,6 +815,13 @@ fn first_parent_gap<'a>(
     parents
         .into_iter()
         .find_map(|parent| parent_gap(snapshot, parent))
+}
+
+/// Whether any repo of the document can dispatch `parent`: [`Config::parents`] contains it.
+fn names_parent(config: &Config, parent: &str) -> bool {
+    config.repos.values().any(|repo| {
+        repo.default_job.as_deref() == Some(parent) || repo.profiles.iter().any(|p| p.job == parent)
+    })
 }
 
 /// Why `parent`'s children are not known this tick, if they are not.

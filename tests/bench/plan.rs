@@ -1,4 +1,6 @@
-//! Planner micro-benchmark: 1,000 repos × 10,000 queued jobs × 2,000 in-flight children.
+//! Planner micro-benchmark: 1,000 repos × 10,000 queued jobs × 2,000 in-flight children, and
+//! the same world ten times over (10,000 × 100,000 × 20,000), so that a part of the planner
+//! growing faster than its input shows as a ratio between the two well above ten.
 //!
 //! Run with `cargo bench --bench plan`. It measures; it asserts nothing about time.
 
@@ -13,9 +15,11 @@ use runner_scaler::observe::{
 };
 use runner_scaler::plan::{Holds, PlanInput, PlanSettings, plan};
 
-const REPOS: usize = 1_000;
 const JOBS_PER_REPO: usize = 10;
 const CHILDREN_PER_REPO: usize = 2;
+
+/// Repos per world: the usual size, and ten times it.
+const SIZES: &[usize] = &[1_000, 10_000];
 
 /// Label sets a repo's jobs cycle through: the default job and two profiles.
 const LABEL_SETS: &[&[&str]] = &[
@@ -24,13 +28,13 @@ const LABEL_SETS: &[&[&str]] = &[
     &["self-hosted", "vm"],
 ];
 
-fn world() -> (Config, Snapshot) {
+fn world(repos: usize) -> (Config, Snapshot) {
     let now = Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap();
     let mut config = Config::default();
     let mut snapshot = Snapshot::default();
     let mut parents: BTreeMap<String, Vec<Child>> = BTreeMap::new();
     let mut id = 0u64;
-    for r in 0..REPOS {
+    for r in 0..repos {
         let name = RepoName::parse(&format!("owner{}/repo{r}", r % 37)).unwrap();
         let url = format!("https://github.com/{name}");
         config.repos.insert(
@@ -120,25 +124,34 @@ fn world() -> (Config, Snapshot) {
 }
 
 fn bench_plan(c: &mut Criterion) {
-    let (config, snapshot) = world();
-    let holds = Holds::default();
     let now = Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap();
-    let input = PlanInput {
-        config: &config,
-        snapshot: &snapshot,
-        settings: PlanSettings {
-            max_in_flight: Some(5_000),
-            ..PlanSettings::default()
-        },
-        holds: &holds,
-        now,
-    };
-    let sample = plan(input);
-    assert_eq!(sample.queued_total as usize, REPOS * JOBS_PER_REPO);
-    assert_eq!(sample.in_flight_total as usize, REPOS * CHILDREN_PER_REPO);
-    c.bench_function("plan 1000 repos x 10000 jobs x 2000 children", |b| {
-        b.iter(|| plan(std::hint::black_box(input)))
-    });
+    let holds = Holds::default();
+    let mut group = c.benchmark_group("plan");
+    for &repos in SIZES {
+        let (config, snapshot) = world(repos);
+        let input = PlanInput {
+            config: &config,
+            snapshot: &snapshot,
+            settings: PlanSettings {
+                // Five per repo: the global cap binds some buckets at every size.
+                max_in_flight: Some(5 * repos as u32),
+                ..PlanSettings::default()
+            },
+            holds: &holds,
+            now,
+        };
+        // The world is what its name says.
+        let sample = plan(input);
+        assert_eq!(sample.queued_total as usize, repos * JOBS_PER_REPO);
+        assert_eq!(sample.in_flight_total as usize, repos * CHILDREN_PER_REPO);
+        let name = format!(
+            "{repos} repos x {} jobs x {} children",
+            repos * JOBS_PER_REPO,
+            repos * CHILDREN_PER_REPO
+        );
+        group.bench_function(name, |b| b.iter(|| plan(std::hint::black_box(input))));
+    }
+    group.finish();
 }
 
 criterion_group!(benches, bench_plan);
