@@ -470,17 +470,8 @@ impl Checker {
 /// fail closes its fence and may lose the term; a successor takes over within the takeover
 /// bound).
 fn leader_excuse(sim: &Sim) -> Option<String> {
-    let takeover_s = crate::leader::LeaderSettings {
-        key: String::new(),
-        ttl: super::run::LOCK_TTL,
-        holder: crate::leader::Holder {
-            holder: String::new(),
-            pid: 0,
-        },
-    }
-    .takeover_bound()
-    .as_secs()
-        + tick_time_s(sim, dispatches_max(sim));
+    let lock = super::run::lock_timings();
+    let takeover_s = lock.takeover_bound().as_secs() + tick_time_s(sim, dispatches_max(sim));
     if sim
         .lock
         .last_fault_s
@@ -497,7 +488,7 @@ fn leader_excuse(sim: &Sim) -> Option<String> {
         Some(term)
             if sim.t
                 <= term.began_s
-                    + (super::run::LOCK_TTL / 3).as_secs()
+                    + lock.lock_delay().as_secs()
                     + tick_time_s(sim, dispatches_max(sim)) =>
         {
             Some("a new leader's first tick".into())
@@ -506,7 +497,7 @@ fn leader_excuse(sim: &Sim) -> Option<String> {
         // read (after the lock delay) meets a bad edit has none until the edit is fixed.
         Some(term)
             if sim.options.bad_document.is_some_and(|(start, end)| {
-                start <= term.began_s + (super::run::LOCK_TTL / 3).as_secs() + 2 && sim.t < end
+                start <= term.began_s + lock.lock_delay().as_secs() + 2 && sim.t < end
             }) =>
         {
             Some("the leader began during a bad edit and has read no good document".into())

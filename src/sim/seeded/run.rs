@@ -28,6 +28,19 @@ use crate::plan::PlanSettings;
 /// The session TTL the world's daemons hold the leader lock with (the shipped default).
 pub const LOCK_TTL: Duration = crate::leader::LOCK_TTL_DEFAULT;
 
+/// The lock timings the world's daemons run with, all derived from [`LOCK_TTL`] by the
+/// leader's own rules (the invariants read the lock delay and takeover bound from here).
+pub fn lock_timings() -> crate::leader::LeaderSettings {
+    crate::leader::LeaderSettings {
+        key: super::lock::LEADER_KEY.into(),
+        ttl: LOCK_TTL,
+        holder: crate::leader::Holder {
+            holder: "the world's daemons".into(),
+            pid: 0,
+        },
+    }
+}
+
 /// Runs one seed of `scenario` with the real planner.
 pub fn run_seed(scenario: Scenario, seed: u64) -> SeedOutcome {
     run_seed_with(scenario, seed, RunSettings::default())
