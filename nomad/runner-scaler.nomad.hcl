@@ -147,6 +147,12 @@ variable "leader_key" {
   default     = "runners/leader"
 }
 
+variable "state_key" {
+  description = "Consul KV key the lock holder keeps its state in (terraform var.state_key, which the Consul policy lets the daemon write)."
+  type        = string
+  default     = "runners/state"
+}
+
 job "runner-scaler" {
   # The label is only a default: `id` is what Nomad stores and what the identities'
   # nomad_job_id claim carries (jobspec2: id and name override the label).
@@ -274,6 +280,7 @@ job "runner-scaler" {
         RUNNER_SCALER_CONFIG_KEY    = var.config_key
         RUNNER_SCALER_PAUSE_KEY     = var.pause_key
         RUNNER_SCALER_LEADER_KEY    = var.leader_key
+        RUNNER_SCALER_STATE_KEY     = var.state_key
         RUNNER_SCALER_VAULT_CHILDREN_CLEANUP = var.vault_children_cleanup
         GITHUB_APP_PRIVATE_KEY_FILE = "${NOMAD_SECRETS_DIR}/github-app.pem"
         # The host's network: bind the address Nomad gave the port, not every interface.

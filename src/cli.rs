@@ -310,6 +310,11 @@ pub struct DaemonArgs {
     /// An idle reading of a runner counts only when it held on two readings this far apart.
     #[arg(long, env = "RUNNER_SCALER_IDLE_CONFIRM", default_value = "2m", value_parser = humantime::parse_duration, hide_env_values = true)]
     pub idle_confirm: Duration,
+    /// How long after a runner took a job GitHub's job listings may still not show it: a
+    /// runner whose registration the daemon deleted is stopped only on a queue reading taken
+    /// this long after the delete that names it in no job.
+    #[arg(long, env = "RUNNER_SCALER_JOB_LISTING_LAG", default_value = "30s", value_parser = humantime::parse_duration, hide_env_values = true)]
+    pub job_listing_lag: Duration,
     /// A runner still busy this long after its child was placed is wedged and torn down
     /// (GitHub's limit for a self-hosted job is 5 days). A lower bound kills any job whose
     /// timeout-minutes is larger; a profile may set its own with hardBoundMinutes.
@@ -363,6 +368,15 @@ pub struct DaemonArgs {
         hide_env_values = true
     )]
     pub leader_key: String,
+    /// The Consul KV key the lock holder keeps its state in (crash-loop backoff, deleted
+    /// registrations), so that a restart or a new leader carries it on.
+    #[arg(
+        long,
+        env = "RUNNER_SCALER_STATE_KEY",
+        default_value = "runners/state",
+        hide_env_values = true
+    )]
+    pub state_key: String,
 }
 
 /// The bearer token `/status` and `/metrics` on `--listen` require, and `status` presents
@@ -450,6 +464,20 @@ impl DaemonArgs {
             problems.push(
                 "--leader-key (RUNNER_SCALER_LEADER_KEY) must name a Consul key other than the \
                  document's"
+                    .to_string(),
+            );
+        }
+        if self.state_key.trim().is_empty()
+            || [
+                &self.runner_scaler_config_key,
+                &self.leader_key,
+                &self.pause_key,
+            ]
+            .contains(&&self.state_key)
+        {
+            problems.push(
+                "--state-key (RUNNER_SCALER_STATE_KEY) must name a Consul key other than the \
+                 document's, the leader lock's and the pause key"
                     .to_string(),
             );
         }

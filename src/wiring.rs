@@ -54,6 +54,8 @@ pub struct Built {
     pub consul: ConsulKv,
     /// The operator's pause key (`--pause-key`).
     pub pause_key: ConsulKv,
+    /// The lock holder's state key (`--state-key`, see `control_loop::carried`).
+    pub state_key: Arc<ConsulKv>,
     /// The leader lock's Consul calls, and its settings.
     pub lock: Arc<dyn LockStore>,
     pub leader: LeaderSettings,
@@ -93,6 +95,8 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
     let consul_token = consul_settings.token.clone();
     let consul = ConsulKv::new(&consul_settings, &args.runner_scaler_config_key)?;
     let pause_key = ConsulKv::new(&consul_settings, &args.pause_key)?;
+    let state_key = ConsulKv::new(&consul_settings, &args.state_key)
+        .map_err(|e| format!("--state-key (RUNNER_SCALER_STATE_KEY): {e}"))?;
     crate::clients::consul::check_key(&args.leader_key)
         .map_err(|e| format!("--leader-key (RUNNER_SCALER_LEADER_KEY): {e}"))?;
     let lock: Arc<dyn LockStore> = Arc::new(ConsulLock::new(&consul, consul_token));
@@ -198,6 +202,7 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
         },
         consul,
         pause_key,
+        state_key: Arc::new(state_key),
         lock,
         leader: LeaderSettings {
             key: args.leader_key.clone(),
@@ -220,6 +225,7 @@ pub async fn build(args: &DaemonArgs) -> Result<Built, String> {
                 reap: ReapPolicy {
                     orphan_grace: args.orphan_grace,
                     idle_confirm: args.idle_confirm,
+                    job_listing_lag: args.job_listing_lag,
                     hard_bound: args.hard_bound,
                     placement_timeout: args.placement_timeout,
                 },

@@ -37,7 +37,8 @@ resource "consul_keys" "seed_config" {
 }
 
 # Read on exactly the document's key and the operator's pause key: not a prefix, not the rest
-# of KV. Write on exactly the leader lock's key (`?acquire=` and `?release=` are writes), and
+# of KV. Write on exactly the leader lock's key (`?acquire=` and `?release=` are writes) and
+# the state key (only the lock holder writes it; a standby reads the lock key alone), and
 # sessions on exactly the daemon's nodes. Consul checks session:write on a session's node to
 # create, renew and destroy it (agent/consul/session_endpoint.go, Session.Apply and Renew), and
 # the daemon's `PUT /v1/session/create` names no node, so its local agent fills in its own
@@ -59,6 +60,9 @@ resource "consul_acl_policy" "runner_scaler_config" {
       policy = "read"
     }
     key "${var.leader_key}" {
+      policy = "write"
+    }
+    key "${var.state_key}" {
       policy = "write"
     }
     %{for node in var.daemon_nodes~}

@@ -18,6 +18,12 @@ variable "leader_key" {
   default     = "runners/leader"
 }
 
+variable "state_key" {
+  description = "Consul KV key the lock holder keeps its crash-loop backoff and deleted registrations in, so a restart or a new leader carries them on (the daemon's RUNNER_SCALER_STATE_KEY)."
+  type        = string
+  default     = "runners/state"
+}
+
 variable "config_file" {
   description = "The example document seed_config writes to config_key when that key does not exist yet."
   type        = string

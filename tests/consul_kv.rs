@@ -423,3 +423,39 @@ async fn the_token_never_reaches_the_logs_even_at_trace_level() {
     assert!(!text.contains(TOKEN), "token logged:\n{text}");
     assert!(!text.contains("wrong-token-value"), "token logged:\n{text}");
 }
+
+/// The state key (`--state-key`) over the real client: missing reads as nothing, a write is
+/// a plain PUT of the value as given and reads back the same, and a write Consul cannot take
+/// is an error naming the key.
+#[tokio::test]
+async fn the_state_key_is_written_with_a_plain_put_and_read_back() {
+    use runner_scaler::act::services::CarriedStore;
+    let twin = ConsulTwin::with_token(TOKEN);
+    let server = start(&twin).await;
+    let state = ConsulKv::new(&settings(server.base_url(), Some(TOKEN)), "runners/state").unwrap();
+    let load = || tokio::time::timeout(TEST_DEADLINE, state.load());
+    assert_eq!(load().await.unwrap().unwrap(), None);
+
+    let value = br#"{"version":1,"crashBackoff":[],"deregistered":[]}"#.to_vec();
+    tokio::time::timeout(TEST_DEADLINE, state.save(value.clone()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(twin.get("runners/state"), Some(value.clone()));
+    assert_eq!(load().await.unwrap().unwrap(), Some(value.clone()));
+    assert!(twin.get(KEY).is_none(), "only the state key is written");
+
+    twin.set_unavailable(true);
+    let refused = tokio::time::timeout(TEST_DEADLINE, state.save(value))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        refused
+            .message
+            .starts_with("write Consul key runners/state at "),
+        "{}",
+        refused.message
+    );
+    assert!(!refused.message.contains(TOKEN));
+}

@@ -835,6 +835,7 @@ fn terraform_names_no_value_a_variable_names() {
             "config_key",
             "pause_key",
             "leader_key",
+            "state_key",
             "vault_jwt_backend_path",
             "consul_auth_method",
             "github_app_vault_path",
@@ -1604,6 +1605,7 @@ fn job_variables_that_mirror_terraform_variables_have_its_defaults() {
                 ("config_key", "config_key"),
                 ("pause_key", "pause_key"),
                 ("leader_key", "leader_key"),
+                ("state_key", "state_key"),
             ],
         ),
         (
@@ -1673,6 +1675,7 @@ fn job_variables_that_mirror_terraform_variables_have_its_defaults() {
         ("RUNNER_SCALER_CONFIG_KEY", "var.config_key"),
         ("RUNNER_SCALER_PAUSE_KEY", "var.pause_key"),
         ("RUNNER_SCALER_LEADER_KEY", "var.leader_key"),
+        ("RUNNER_SCALER_STATE_KEY", "var.state_key"),
         ("VAULT_MOUNT", "var.vault_mount"),
     ] {
         assert_eq!(raw(attr(env, name)), variable, "{DAEMON_JOB}: {name}");

@@ -1,6 +1,7 @@
 //! `runner-scaler status` asks the running daemon (`GET /status` on its `--listen` address)
-//! and shows what only the daemon knows: here, a bucket backing off after a failed start.
-//! Without a daemon to answer it says so and shows a fresh dry-run tick, which cannot know.
+//! and shows what the daemon knows: here, a bucket backing off after a failed start.
+//! Without a daemon to answer it says so and shows a fresh dry-run tick, which knows the
+//! backoff only from the state key the daemon wrote.
 //! Every process runs against the twins on real time; every wait polls against a deadline.
 
 mod support;
@@ -36,7 +37,7 @@ fn served_at(stderr: &str) -> Option<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn status_shows_the_running_daemons_backoff_that_a_dry_run_cannot_know() {
+async fn status_shows_the_running_daemons_backoff_and_a_dry_run_reads_it_from_the_state_key() {
     let twins = Twins::start().await;
     twins.provision_one_queued_job(REPO, PARENT);
     let key_file = TempFile::with_contents("app-key.pem", TEST_APP_PRIVATE_KEY_PEM);
@@ -67,11 +68,15 @@ async fn status_shows_the_running_daemons_backoff_that_a_dry_run_cannot_know() {
     assert!(live.contains(REPO), "{live}");
 
     // Nobody answers now (at an address of this test's own: the stopped daemon's port may
-    // be anyone's by now): a fresh dry-run tick, said so, and it knows of no backoff.
+    // be anyone's by now): a fresh dry-run tick, said so. It knows the backoff from the state
+    // key the daemon wrote (as a restarted daemon would), and of nothing without it.
     let nobody = support::bystander::Bystander::hanging_up().await;
     let (out, err) = status(&twins, &key_file, &nobody.base_url());
     assert!(err.contains("no daemon answered at"), "{err}");
     assert!(err.contains("fresh dry-run tick"), "{err}");
+    assert!(out.contains("crash loop: 1 failed start(s)"), "{out}");
+    assert!(twins.consul.delete("runners/state"));
+    let (out, _) = status(&twins, &key_file, &nobody.base_url());
     assert!(!out.contains("crash loop"), "{out}");
     assert!(
         out.contains(REPO),

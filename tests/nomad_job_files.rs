@@ -747,7 +747,7 @@ fn consul_rules(nodes: &[&str]) -> Body {
         &["consul_acl_policy", "runner_scaler_config"],
     );
     let mut vars = hcl::Map::new();
-    for key in ["config_key", "pause_key", "leader_key"] {
+    for key in ["config_key", "pause_key", "leader_key", "state_key"] {
         vars.insert(key.to_string(), hcl::Value::from(variable_default(key)));
     }
     vars.insert(
@@ -763,12 +763,13 @@ fn consul_rules(nodes: &[&str]) -> Body {
 }
 
 #[test]
-fn the_consul_policy_reads_the_document_and_the_pause_key_and_writes_only_the_leader_lock() {
+fn the_consul_policy_reads_the_document_and_the_pause_key_and_writes_only_the_lock_and_state_keys()
+{
     let rules = consul_rules(&["infra-1"]);
     assert_eq!(
         rules.blocks().count(),
-        4,
-        "the document, the pause key, the lock key, the node's sessions"
+        5,
+        "the document, the pause key, the lock key, the state key, the node's sessions"
     );
     for read in ["runners/config", "runners/paused"] {
         let key = labelled(&rules, "key", &[read]);
@@ -777,6 +778,14 @@ fn the_consul_policy_reads_the_document_and_the_pause_key_and_writes_only_the_le
     // The leader lock: `?acquire=`/`?release=` on its key.
     let lock = labelled(&rules, "key", &["runners/leader"]);
     assert_eq!(text(attr(lock.body(), "policy")), "write");
+    // The lock holder's state (crash-loop backoff, deleted registrations), exactly that key.
+    let state = labelled(&rules, "key", &["runners/state"]);
+    assert_eq!(text(attr(state.body(), "policy")), "write");
+    assert!(
+        blocks(&rules, "key_prefix").is_empty(),
+        "{}",
+        source(&rules)
+    );
 }
 
 /// Consul checks session:write on a session's node to create, renew or destroy it

@@ -39,6 +39,8 @@ const DAEMON_ARGS: &[&str] = &[
     "1s",
     "--idle-confirm",
     "2s",
+    "--job-listing-lag",
+    "1s",
 ];
 
 /// One app repo, its parent, the document in Consul, and one queued job.

@@ -129,7 +129,9 @@ async fn the_seed_000_incident_replayed_destroys_no_runner_that_runs_a_job() {
     }
     world.finish_job(jobs[2]);
     world.finish_job(jobs[1]);
-    for t in 13..=15 {
+    // The idle runner's registration is deleted first; its child is stopped once a reading
+    // the job listing's lag could not hide a job from names it in none.
+    for t in 13..=50 {
         tick(&mut ctl, &world, &config, t).await;
     }
 
@@ -248,18 +250,24 @@ async fn a_runner_confirmed_idle_that_takes_a_job_at_the_last_moment_is_not_stop
     }
 }
 
-/// A runner whose registration was deleted and that stays (it did not leave by itself) is
-/// stopped once the absence held for the idle confirmation with no job naming it.
+/// Issue 19, defect 1: a runner whose registration the daemon deleted, and that stays (it
+/// did not leave by itself), can take no job. It stops counting as supply at once (a job
+/// queued after the delete gets a runner of its own in the next tick, the cap permitting),
+/// and it is stopped at the first tick whose fresh queue reading comes the job listing's lag
+/// after the delete and names it in no job: not after `--idle-confirm`, which is long here.
 #[tokio::test(start_paused = true)]
-async fn a_deregistered_runner_that_stays_is_stopped_after_the_confirmation() {
+async fn a_deregistered_runner_leaves_supply_at_once_and_is_stopped_after_the_listing_lag() {
     let world = MemoryWorld::new(at(0));
     let api = repo("acme/api");
     let config = app_config(&[("acme/api", 2)]);
-    let mut ctl = reaping_controller(&world, 1, 5, 3);
+    // Longer than the listing lag: the absence is not what it is stopped on.
+    let confirm_s = 60;
+    let mut ctl = reaping_controller(&world, 1, 5, confirm_s);
 
     let child = surplus_registered_runner(&mut ctl, &world, &config, &api).await;
     let mut deregistered_at = None;
-    for t in 1..=20 {
+    let mut dispatched_before = None;
+    for t in 1..=200 {
         let view = tick(&mut ctl, &world, &config, t).await;
         if deregistered_at.is_none() && !world.deregistered().is_empty() {
             deregistered_at = Some(t);
@@ -270,12 +278,28 @@ async fn a_deregistered_runner_that_stays_is_stopped_after_the_confirmation() {
                     .any(|r| r.outcome == "deregistered" && r.child == child.to_string()),
                 "{view:#?}"
             );
+            // Work arrives: the runner that can no longer take it does not stand for it.
+            world.queue_job(&api, SH);
+            dispatched_before = Some(world.dispatch_count());
+            continue;
+        }
+        if let Some(before) = dispatched_before.take() {
+            assert_eq!(
+                world.dispatch_count(),
+                before + 1,
+                "the deregistered runner still counts as supply: {view:#?}"
+            );
         }
         if !world.stopped().is_empty() {
             let deregistered_at = deregistered_at.expect("deregistered before it was stopped");
+            let lag = runner_scaler::plan::reap::JOB_LISTING_LAG.as_secs() as i64;
             assert!(
-                t - deregistered_at >= 3,
-                "stopped at t={t}, deleted at {deregistered_at}"
+                t - deregistered_at >= lag,
+                "stopped at t={t}, deleted at {deregistered_at}: inside the listing lag"
+            );
+            assert!(
+                t - deregistered_at <= lag + 2,
+                "stopped at t={t}, deleted at {deregistered_at}: it held its slot past the lag"
             );
             assert_eq!(world.stopped(), [child]);
             return;
@@ -632,4 +656,74 @@ async fn a_registration_left_by_a_refused_dispatch_is_swept() {
     }
     assert!(world.runner_listings().len() > 1, "never swept again");
     assert_eq!(world.deregistered(), vec![leftover]);
+}
+
+/// A state key the test reads: what a term hands on, kept in memory.
+#[derive(Default)]
+struct StateKey(std::sync::Mutex<Option<Vec<u8>>>);
+
+#[async_trait::async_trait]
+impl runner_scaler::act::services::CarriedStore for StateKey {
+    async fn load(&self) -> Result<Option<Vec<u8>>, runner_scaler::observe::PortError> {
+        Ok(self.0.lock().unwrap().clone())
+    }
+
+    async fn save(&self, value: Vec<u8>) -> Result<(), runner_scaler::observe::PortError> {
+        *self.0.lock().unwrap() = Some(value);
+        Ok(())
+    }
+}
+
+/// Issue 19, defect 5: the crash-loop backoff outlives the daemon. A bucket whose runners
+/// all died at boot is backing off when the daemon is killed; the daemon started again in its
+/// place reads the state key and keeps backing off, where one without it would send the
+/// bucket's whole missing count at once.
+#[tokio::test(start_paused = true)]
+async fn a_restarted_daemon_keeps_the_crash_loop_backoff_of_the_one_before() {
+    let world = MemoryWorld::new(at(0));
+    let api = repo("acme/api");
+    let config = app_config(&[("acme/api", 3)]);
+    let state = std::sync::Arc::new(StateKey::default());
+    let mut before = reaping_controller(&world, 15, 600, 120).with_carried(state.clone());
+    for _ in 0..3 {
+        world.queue_job(&api, SH);
+    }
+    tick(&mut before, &world, &config, 0).await;
+    assert_eq!(world.dispatch_count(), 3);
+    for child in world.children() {
+        world.place(&child.child.id);
+        world.crash(&child.child.id);
+    }
+    let view = tick(&mut before, &world, &config, 15).await;
+    assert_eq!(view.started, 0, "backing off: {view:#?}");
+    drop(before);
+    let written = state
+        .0
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("the state key is written");
+    assert!(
+        String::from_utf8_lossy(&written).contains("\"failedStarts\":3"),
+        "{}",
+        String::from_utf8_lossy(&written)
+    );
+
+    // Started again 15 s later, with its memory gone.
+    let mut after = reaping_controller(&world, 15, 600, 120).with_carried(state.clone());
+    let view = tick(&mut after, &world, &config, 30).await;
+    assert_eq!(view.started, 0, "the restart forgot the backoff: {view:#?}");
+    let bucket = &view.buckets[0];
+    assert!(
+        bucket
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with("crash loop: 3 failed start(s)")),
+        "{bucket:?}"
+    );
+
+    // Without the state key, the same restart sends every missing runner at once.
+    let mut forgetful = reaping_controller(&world, 15, 600, 120);
+    let view = tick(&mut forgetful, &world, &config, 45).await;
+    assert_eq!(view.started, 3, "{view:#?}");
 }

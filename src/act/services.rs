@@ -106,3 +106,12 @@ impl Services {
         self.forge(mode).and_then(|f| f.runners.as_ref())
     }
 }
+
+/// The daemon's state key (`control_loop::carried`): read at the start of a term, written by
+/// the lock holder when what it carries changes.
+#[async_trait::async_trait]
+pub trait CarriedStore: Send + Sync {
+    /// The key's value; `None` when the key does not exist.
+    async fn load(&self) -> Result<Option<Vec<u8>>, crate::model::PortError>;
+    async fn save(&self, value: Vec<u8>) -> Result<(), crate::model::PortError>;
+}

@@ -363,6 +363,55 @@ impl DocumentSource for ConsulKv {
     }
 }
 
+/// The state key (`--state-key`): read with one plain read, written with a plain PUT (the
+/// lock holder is its only writer, behind its fence).
+#[async_trait]
+impl crate::act::services::CarriedStore for ConsulKv {
+    async fn load(&self) -> Result<Option<Vec<u8>>, PortError> {
+        match self.fetch(0, Duration::ZERO).await? {
+            Fetched::Found { bytes, .. } => Ok(Some(bytes)),
+            Fetched::Missing { .. } => Ok(None),
+        }
+    }
+
+    async fn save(&self, value: Vec<u8>) -> Result<(), PortError> {
+        let doing = format!("write Consul key {} at {}", self.key, self.address);
+        let endpoint = consulrs::api::kv::requests::SetKeyRequest::builder()
+            .key(self.key.as_str())
+            .value(value)
+            .build()
+            .map_err(|e| PortError::new(ErrorClass::Configuration, format!("{doing}: {e}")))?;
+        let written = tokio::time::timeout(
+            REQUEST_TIMEOUT_DEFAULT,
+            consulrs::api::exec_with_result(&self.client, endpoint),
+        )
+        .await;
+        let status = match &written {
+            Ok(Ok(_)) => Some(200),
+            Ok(Err(ClientError::APIError { code, .. })) => Some(*code),
+            _ => None,
+        };
+        crate::metrics::count_request(crate::metrics::Service::Consul, status);
+        match written {
+            Err(_) => Err(PortError::new(
+                ErrorClass::Transient,
+                format!(
+                    "{doing}: timed out after {}s",
+                    REQUEST_TIMEOUT_DEFAULT.as_secs()
+                ),
+            )),
+            Ok(Err(e)) => Err(classify(&doing, e)),
+            // Consul answers `false` to a plain PUT only when a check-and-set or a lock
+            // refused it, which this write never asks for.
+            Ok(Ok(response)) if !response.response => Err(PortError::new(
+                ErrorClass::Transient,
+                format!("{doing}: Consul answered false"),
+            )),
+            Ok(Ok(_)) => Ok(()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

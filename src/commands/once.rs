@@ -59,9 +59,12 @@ pub async fn once(args: DaemonArgs, dry_run: bool, json: bool) -> ExitCode {
             }
         }
     };
-    let services = match &lease {
-        Some(lease) => leader::fenced(&built.services, &lease.fence),
-        None => built.services,
+    let (services, carried): (_, Arc<dyn crate::act::services::CarriedStore>) = match &lease {
+        Some(lease) => (
+            leader::fenced(&built.services, &lease.fence),
+            leader::fenced_carried(built.state_key.clone(), &lease.fence),
+        ),
+        None => (built.services, built.state_key.clone()),
     };
     let pause_key = built.pause_key.key().to_string();
     let mut controller = Controller::new(
@@ -69,6 +72,7 @@ pub async fn once(args: DaemonArgs, dry_run: bool, json: bool) -> ExitCode {
         built.loop_settings,
         Box::new(StdRng::from_os_rng()),
     )
+    .with_carried(carried)
     .with_pause_key(pause_key, Arc::new(built.pause_key))
     .with_admin_token_guard(admin_token_probe);
     use crate::clock::Clock;

@@ -151,16 +151,20 @@ pub async fn run(args: DaemonArgs, dry_run: bool) -> ExitCode {
     let pause_key = built.pause_key.key().to_string();
     let pause_source: Arc<dyn DocumentSource> = Arc::new(built.pause_key);
     let services = built.services;
+    let state_key: Arc<dyn crate::act::services::CarriedStore> = built.state_key.clone();
     let mut rng = StdRng::from_os_rng();
     // One leadership term (or the whole shadow run): the document watched, ticks run until
     // `stop`, over `services` (fenced by the term's lease when leading).
     let mut term =
-        |services: Services, stop: Box<dyn std::future::Future<Output = ()> + Send + Unpin>| {
+        |services: Services,
+         carried: Arc<dyn crate::act::services::CarriedStore>,
+         stop: Box<dyn std::future::Future<Output = ()> + Send + Unpin>| {
             let mut controller = Controller::new(
                 services,
                 built.loop_settings.clone(),
                 Box::new(StdRng::from_rng(&mut rng)),
             )
+            .with_carried(carried)
             .with_pause_key(pause_key.clone(), pause_source.clone())
             .with_status_publisher(last_tick_tx.clone())
             .with_admin_token_guard(admin_token_probe.clone());
@@ -197,7 +201,12 @@ pub async fn run(args: DaemonArgs, dry_run: bool) -> ExitCode {
             "runner-scaler started in shadow mode (--dry-run): it plans and reports, writes \
              nothing and takes no leader lock"
         );
-        term(services, Box::new(Box::pin(shutdown_signal()))).await;
+        term(
+            services,
+            state_key.clone(),
+            Box::new(Box::pin(shutdown_signal())),
+        )
+        .await;
         Ok(())
     } else {
         let (leader_tx, leader_rx) = tokio::sync::watch::channel(LeaderState::NoSession);
@@ -217,6 +226,7 @@ pub async fn run(args: DaemonArgs, dry_run: bool) -> ExitCode {
             |fence: leader::Fence, stop: leader::StopTerm| {
                 term(
                     leader::fenced(&services, &fence),
+                    leader::fenced_carried(state_key.clone(), &fence),
                     Box::new(Box::pin(stop.wait())),
                 )
             },

@@ -11,6 +11,7 @@ use rand::RngCore;
 use tracing::{info, warn};
 
 pub mod admin_token;
+pub mod carried;
 mod failures;
 mod held_parents;
 mod pause;
@@ -37,6 +38,12 @@ use crate::plan::{Holds, Plan, PlanInput, PlanSettings, plan};
 use crate::report::{self, TickView};
 
 pub use crate::act::services::{Forge, Services};
+
+/// `now` moved on by the time the tick has taken since `started`: a time by which what the
+/// tick did so far had happened (the tick reads the clock only at its start).
+fn elapsed_since(now: DateTime<Utc>, started: tokio::time::Instant) -> DateTime<Utc> {
+    crate::clock::after(now, started.elapsed())
+}
 
 /// Settings of the loop itself.
 #[derive(Clone, Debug)]
@@ -116,6 +123,10 @@ pub struct Memory {
     admin_token_asked_for: Option<u64>,
     /// Parent readings held dispatches were last let go on.
     held_parents: held_parents::HeldParents,
+    /// Whether the state key was read in this term (until it is, every tick tries).
+    carried_loaded: bool,
+    /// What was last written to the state key, or read from it.
+    carried_saved: Option<carried::Carried>,
 }
 
 /// Runs ticks over a set of services.
@@ -134,6 +145,8 @@ pub struct Controller {
     hints: Option<crate::webhook::Hints>,
     /// Asks Vault whether the daemon's token can read a `registerVaultPath`.
     admin_token_probe: Option<Arc<dyn crate::secrets::CapabilityProbe>>,
+    /// The state key: what this term takes over from the last, and hands on.
+    carried: Option<Arc<dyn crate::act::services::CarriedStore>>,
 }
 
 impl Controller {
@@ -148,7 +161,15 @@ impl Controller {
             published: None,
             hints: None,
             admin_token_probe: None,
+            carried: None,
         }
+    }
+
+    /// Reads what earlier terms carried (crash-loop backoff, deleted registrations) from
+    /// `store` at the first tick, and writes it there whenever it changes.
+    pub fn with_carried(mut self, store: Arc<dyn crate::act::services::CarriedStore>) -> Self {
+        self.carried = Some(store);
+        self
     }
 
     /// Follows webhook hints: [`run`] tells `hints` which document it runs on, and ticks
@@ -203,7 +224,7 @@ impl Controller {
         dry_run: bool,
     ) -> TickView {
         let started = tokio::time::Instant::now();
-        let snapshot = self.observe(config, config_version, now).await;
+        let mut snapshot = self.observe(config, config_version, now).await;
         let mut gaps: Vec<String> = snapshot
             .repos
             .iter()
@@ -218,6 +239,7 @@ impl Controller {
         if let Some(gap) = &snapshot.undiscovered {
             gaps.push(format!("parents of our children: {}", gap.message));
         }
+        self.load_carried().await;
         let exit_codes = read_exit_codes(
             self.services.children.clone(),
             self.memory.take_back.ends_to_read(&snapshot),
@@ -226,6 +248,7 @@ impl Controller {
         self.memory
             .take_back
             .learn_from_snapshot(&snapshot, &exit_codes, now);
+        snapshot.deregistered = self.memory.take_back.deregistered(&snapshot);
         self.read_pause_key().await;
         self.check_admin_tokens(config, config_version).await;
         self.recheck_held_parents(config, now).await;
@@ -251,10 +274,13 @@ impl Controller {
             .collect();
         let registrations =
             takeback::read_registrations(to_read, self.settings.list_concurrency_max).await;
-        let judgements = self
-            .memory
-            .take_back
-            .judge(&snapshot, &plan, &registrations, now);
+        let judgements = self.memory.take_back.judge(
+            &snapshot,
+            &plan,
+            &registrations,
+            now,
+            elapsed_since(now, started),
+        );
         report::log_judgements(&judgements);
         let to_delete = RegistrationsToDelete {
             stale: self.memory.take_back.stale_registrations(
@@ -294,7 +320,10 @@ impl Controller {
         .await;
         self.learn_from(&act, config_version, now);
         self.memory.take_back.learn_from_dispatches(&act.dispatches);
-        self.memory.take_back.learn_from_reaps(&act.reaps, now);
+        self.memory
+            .take_back
+            .learn_from_reaps(&act.reaps, now, elapsed_since(now, started));
+        self.save_carried().await;
         report::log_act(&act);
         let mut view = TickView::new(&plan, &judgements, Some(&act), gaps);
         self.annotate(&mut view, config, &plan, &snapshot, now);
@@ -355,6 +384,65 @@ impl Controller {
         }
         if let Some(tx) = &self.published {
             tx.send_replace(Some(view.clone()));
+        }
+    }
+
+    /// Takes over what the state key carries, once per term: a restarted daemon, or a new
+    /// leader, keeps its predecessor's crash-loop backoff and deleted registrations.
+    async fn load_carried(&mut self) {
+        let Some(store) = &self.carried else { return };
+        if self.memory.carried_loaded {
+            return;
+        }
+        match store.load().await {
+            Ok(None) => self.memory.carried_loaded = true,
+            Ok(Some(bytes)) => {
+                self.memory.carried_loaded = true;
+                match carried::Carried::parse(&bytes) {
+                    Ok(carried) => {
+                        let backoff = carried.crash_backoff();
+                        let deregistered = carried.deregistered();
+                        if !backoff.is_empty() || !deregistered.is_empty() {
+                            info!(
+                                buckets_backing_off = backoff.len(),
+                                deregistered = deregistered.len(),
+                                "took over the state key: crash-loop backoff and deleted registrations of earlier terms"
+                            );
+                        }
+                        self.memory.take_back.adopt(backoff, deregistered);
+                        self.memory.carried_saved = Some(carried);
+                    }
+                    Err(why) => warn!(
+                        "the state key holds no state this daemon can read ({why}): starting \
+                         without it; it is written over at the next change"
+                    ),
+                }
+            }
+            Err(e) => warn!(
+                class = e.class.as_str(),
+                "{}; crash-loop backoff of earlier terms unknown until it can be read", e.message
+            ),
+        }
+    }
+
+    /// Writes what this term carries to the state key, when it changed since the last write.
+    async fn save_carried(&mut self) {
+        let Some(store) = &self.carried else { return };
+        let now = self.memory.take_back.carried();
+        if self.memory.carried_saved.as_ref() == Some(&now)
+            || (self.memory.carried_saved.is_none()
+                && now.crash_backoff.is_empty()
+                && now.deregistered.is_empty())
+        {
+            return;
+        }
+        let bytes = serde_json::to_vec(&now).expect("the carried state serialises");
+        match store.save(bytes).await {
+            Ok(()) => self.memory.carried_saved = Some(now),
+            Err(e) => warn!(
+                class = e.class.as_str(),
+                "{}; written again next tick", e.message
+            ),
         }
     }
 

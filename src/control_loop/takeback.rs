@@ -17,7 +17,7 @@ use crate::config::{Config, Mode};
 use crate::model::{BucketKey, ChildId, LabelSet, RepoName, RunnerName};
 use crate::observe::{ChildStatus, JobState, Placement, PortError, RunnerRegistration, Snapshot};
 use crate::plan::reap::{
-    Allocation, Judgement, Outcome, RunnerApi, StaleRegistration, Verdict, decide,
+    Allocation, Judgement, Nomination, Outcome, RunnerApi, StaleRegistration, Verdict, decide,
 };
 use crate::plan::{CrashBackoff, Plan};
 
@@ -87,6 +87,10 @@ pub struct TakeBackMemory {
     /// The registration id GitHub gave each JIT runner when the daemon minted its config: its
     /// registration is found by this id, whatever else is registered under its name.
     jit_ids: BTreeMap<RunnerName, u64>,
+    /// Children whose runner's registration is gone, with a time by which it was: deleted by
+    /// the daemon (taking it back), or read registered and then absent. No job comes to them;
+    /// the planner stops them on the first fresh reading that shows none ran on them.
+    deregistered: BTreeMap<ChildId, DateTime<Utc>>,
 }
 
 /// Every child of ours the snapshot shows, by runner name, with its bucket.
@@ -112,6 +116,40 @@ impl TakeBackMemory {
     /// The crash-loop holds for the planner.
     pub fn crash_backoff(&self) -> &BTreeMap<BucketKey, CrashBackoff> {
         &self.crash
+    }
+
+    /// Takes over what an earlier term carried: its crash-loop backoff (where this term has
+    /// none of its own for the bucket) and the children whose registration it had deleted.
+    pub fn adopt(
+        &mut self,
+        crash: BTreeMap<BucketKey, CrashBackoff>,
+        deregistered: BTreeMap<ChildId, DateTime<Utc>>,
+    ) {
+        for (bucket, backoff) in crash {
+            self.crash.entry(bucket).or_insert(backoff);
+        }
+        for (child, by) in deregistered {
+            self.deregistered.entry(child).or_insert(by);
+        }
+    }
+
+    /// What this memory hands on to the next term (see `control_loop::carried`).
+    pub fn carried(&self) -> super::carried::Carried {
+        super::carried::Carried::of(&self.crash, &self.deregistered)
+    }
+
+    /// The children of `snapshot` whose registration is known gone, for the planner; the
+    /// others are forgotten once every listing was read without them (stopped or purged).
+    pub fn deregistered(&mut self, snapshot: &Snapshot) -> BTreeMap<ChildId, DateTime<Utc>> {
+        if snapshot.parents.values().all(Result::is_ok) {
+            let in_flight: BTreeSet<&ChildId> = snapshot
+                .our_listed_children()
+                .filter(|c| c.status.is_in_flight())
+                .map(|c| &c.id)
+                .collect();
+            self.deregistered.retain(|id, _| in_flight.contains(id));
+        }
+        self.deregistered.clone()
     }
 
     /// Learns from what the tick observed: runners that took a job end their bucket's
@@ -307,6 +345,7 @@ impl TakeBackMemory {
             .iter()
             .filter(|n| {
                 n.api == RunnerApi::Registrations
+                    && n.nomination != Nomination::Deregistered
                     && n.allocation == Allocation::Live
                     && n.age >= n.policy.orphan_grace
             })
@@ -341,12 +380,15 @@ impl TakeBackMemory {
 
     /// Judges every nomination from the readings: a job in progress naming the runner, its
     /// registration and `busy` flag, and how long a reading has held.
+    /// `read_by` is when the registration listings had all been answered: a registration
+    /// read before and missing from them was gone by then.
     pub fn judge(
         &mut self,
         snapshot: &Snapshot,
         plan: &Plan,
         registrations: &BTreeMap<RepoName, Result<Vec<RunnerRegistration>, PortError>>,
         now: DateTime<Utc>,
+        read_by: DateTime<Utc>,
     ) -> Vec<Judgement> {
         let mut busy_names: BTreeSet<(&RepoName, &RunnerName)> = BTreeSet::new();
         for (repo, listing) in &snapshot.repos {
@@ -363,8 +405,11 @@ impl TakeBackMemory {
         for nominated in &plan.nominations {
             let child = &nominated.child;
             let mut runner_id = None;
+            // A deregistered runner is judged on the jobs that name it: its registration is
+            // gone, so nothing is asked of GitHub for it.
             let reading = if nominated.allocation == Allocation::None
                 || nominated.api == RunnerApi::None
+                || nominated.nomination == Nomination::Deregistered
                 || nominated.age < nominated.policy.orphan_grace
             {
                 None
@@ -399,6 +444,17 @@ impl TakeBackMemory {
                 Some(None) => Verdict::Busy,
                 Some(Some(kind)) => {
                     still_read.insert(child.clone());
+                    // Read registered, then absent: its registration was deleted (by an
+                    // operator, or GitHub) by the time this listing was answered.
+                    if kind == ReadingKind::Absent
+                        && self
+                            .readings
+                            .get(child)
+                            .is_some_and(|r| r.kind == ReadingKind::Idle)
+                    {
+                        info!(child = %child, runner = ?nominated.runner, "a registration read before is gone: its runner takes no job and is stopped once no job names it");
+                        self.deregistered.entry(child.clone()).or_insert(read_by);
+                    }
                     let since = match self.readings.get(child) {
                         Some(r) if r.kind == kind => r.since,
                         _ => {
@@ -545,10 +601,12 @@ impl TakeBackMemory {
     /// What the act step learnt of the runners it tried to take back: a refusal as busy (422)
     /// ends the reading, an unexplained 404 makes it unknown, a stop ends it, and a deleted
     /// registration starts an absent one.
+    /// `acted_by` is when the act step had finished: every delete it made had landed by then.
     pub fn learn_from_reaps(
         &mut self,
         reaps: &[crate::act::execute::ReapOutcome],
         now: DateTime<Utc>,
+        acted_by: DateTime<Utc>,
     ) {
         use crate::act::execute::ReapOutcome;
         for reap in reaps {
@@ -560,6 +618,7 @@ impl TakeBackMemory {
                 // Its registration is gone from now on: the absence it is stopped on counts
                 // from the delete, and however its runner ends, it was taken back.
                 ReapOutcome::Deregistered { child, .. } => {
+                    self.deregistered.insert(child.clone(), acted_by);
                     self.readings.insert(
                         child.clone(),
                         Reading {

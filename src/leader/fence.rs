@@ -146,6 +146,35 @@ pub fn fenced(services: &Services, fence: &Fence) -> Services {
     }
 }
 
+/// The state key behind `fence`: read freely, written only while the fence is open.
+pub fn fenced_carried(
+    store: Arc<dyn crate::act::services::CarriedStore>,
+    fence: &Fence,
+) -> Arc<dyn crate::act::services::CarriedStore> {
+    Arc::new(FencedCarried {
+        inner: store,
+        fence: fence.clone(),
+    })
+}
+
+struct FencedCarried {
+    inner: Arc<dyn crate::act::services::CarriedStore>,
+    fence: Fence,
+}
+
+#[async_trait]
+impl crate::act::services::CarriedStore for FencedCarried {
+    async fn load(&self) -> Result<Option<Vec<u8>>, PortError> {
+        self.inner.load().await
+    }
+
+    async fn save(&self, value: Vec<u8>) -> Result<(), PortError> {
+        self.fence
+            .write("write the state key".into(), self.inner.save(value))
+            .await
+    }
+}
+
 struct FencedControl {
     inner: Arc<dyn ChildControl>,
     fence: Fence,

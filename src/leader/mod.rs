@@ -39,7 +39,7 @@ pub mod term;
 
 use std::time::Duration;
 
-pub use fence::{Fence, Fenced, fenced};
+pub use fence::{Fence, Fenced, fenced, fenced_carried};
 pub use lock::{Holder, LockError, LockKey, LockStore, SessionId, SessionRequest};
 pub use one_shot::{OneShot, OneShotRefused};
 pub use term::{LeadError, LeaderTerm, StopTerm, lead};

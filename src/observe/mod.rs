@@ -337,6 +337,9 @@ pub struct Snapshot {
     /// never were since the daemon started: children of a parent the document no longer names
     /// may be missing from every count, so nothing is dispatched.
     pub undiscovered: Option<Gap>,
+    /// Children whose runner's registration the daemon deleted (filled in by the loop), with
+    /// when the delete had been answered by: no job comes to them any more.
+    pub deregistered: BTreeMap<ChildId, DateTime<Utc>>,
 }
 
 /// A child attributed to its bucket.

@@ -250,6 +250,9 @@ pub(super) struct Bucket {
     pub in_progress: u32,
     /// Forgejo jobs claimed by a runner it does not name.
     pub claimed: u32,
+    /// In-flight children whose registration the daemon deleted and no job in progress
+    /// names: not in `supply`, still under the caps.
+    pub retiring: u32,
 }
 
 impl Bucket {
@@ -335,6 +338,7 @@ impl Buckets {
                 queued: 0,
                 in_progress: 0,
                 claimed: 0,
+                retiring: 0,
             });
             self.all.len() - 1
         })
@@ -489,6 +493,7 @@ mod tests {
             queued: 0,
             in_progress: 0,
             claimed: 0,
+            retiring: 0,
         }
     }
 

@@ -167,6 +167,9 @@ pub struct BucketPlan {
     pub in_progress: u32,
     /// Our in-flight children of this bucket (pending or running, placed or not).
     pub in_flight: u32,
+    /// Of those, children whose runner's registration the daemon deleted: they count against
+    /// the caps until stopped, never as supply (no job comes to them).
+    pub deregistered: u32,
     /// Missing runners that spare runners of a wider label set of the same repo cover: they
     /// take this bucket's jobs, so none is dispatched for them.
     pub covered_by_wider: u32,
@@ -296,6 +299,9 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         HashMap::with_capacity(snapshot.repo_urls.len());
     // Every in-flight child of ours with its repo slot and bucket, for the nominations.
     let mut flight: Vec<(&Child, Option<usize>, Option<usize>)> = Vec::with_capacity(listed);
+    // The runners of children whose registration the daemon deleted, with their bucket and
+    // whether their allocation runs: no supply unless a job in progress names them.
+    let mut retiring_runners: HashMap<&str, (usize, bool)> = HashMap::new();
     let hands_off = HandsOff::new(config, settings.vault_children_cleanup);
     for child in snapshot.our_listed_children() {
         if !child.status.is_in_flight() {
@@ -326,6 +332,16 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             continue;
         };
         let bucket = buckets.get_or_insert(repo, labels);
+        if !snapshot.deregistered.is_empty() && snapshot.deregistered.contains_key(&child.id) {
+            // Its registration is gone, so GitHub gives it no job: it is no supply and lends
+            // nothing, though its allocation still holds its slot under every cap.
+            buckets.all[bucket].retiring += 1;
+            if let Some(name) = &child.runner_name {
+                retiring_runners.insert(&name.0, (bucket, child.placement.is_placed()));
+            }
+            flight.push((child, Some(repo), Some(bucket)));
+            continue;
+        }
         buckets.all[bucket].supply += 1;
         if child.placement.is_placed() {
             buckets.all[bucket].placed += 1;
@@ -382,6 +398,18 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
                     {
                         buckets.all[bucket].in_progress += 1;
                         named_busy.insert(name.0.as_str());
+                    } else if let Some(&(bucket, placed)) = retiring_runners.get(name.0.as_str())
+                        && buckets.all[bucket].repo == repo
+                    {
+                        // It took this job before its registration was deleted (GitHub has
+                        // let such a delete succeed): it serves the job, as supply does.
+                        retiring_runners.remove(name.0.as_str());
+                        let b = &mut buckets.all[bucket];
+                        b.retiring -= 1;
+                        b.supply += 1;
+                        b.placed += u32::from(placed);
+                        b.in_progress += 1;
+                        named_busy.insert(name.0.as_str());
                     }
                 }
                 JobState::InProgress { runner: None } => {}
@@ -408,7 +436,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             ..
         })) = route
         {
-            repos.slots[bucket.repo].profile_in_flight[*index] += bucket.supply;
+            repos.slots[bucket.repo].profile_in_flight[*index] += bucket.supply + bucket.retiring;
         }
     }
 
@@ -546,7 +574,8 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             parent: owned_route.and_then(Result::ok).map(|r| r.parent),
             queued,
             in_progress,
-            in_flight: supply,
+            in_flight: supply + bucket.retiring,
+            deregistered: bucket.retiring,
             covered_by_wider,
             cap,
             missing,
@@ -622,6 +651,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             lent: &cover.lent,
         },
         &named_busy,
+        &snapshot.deregistered,
         settings.reap,
         now,
     );
@@ -641,12 +671,14 @@ struct Attribution<'p, 'a> {
 
 /// The rules' nominations (see [`reap::Nomination`]), in child id order. A child is
 /// nominated once, for the first of: unplaced past the placement timeout, older than its
-/// hard bound, surplus in its bucket, or (app mode) placed past the grace window and named by
-/// no job in progress.
+/// hard bound, its registration deleted and a fresh queue reading taken at least
+/// `--job-listing-lag` after the delete naming it in no job, surplus in its bucket, or
+/// (app mode) placed past the grace window and named by no job in progress.
 fn nominate(
     flight: &[(&Child, Option<usize>, Option<usize>)],
     known: &Attribution<'_, '_>,
     named_busy: &HashSet<&str>,
+    deregistered: &std::collections::BTreeMap<ChildId, DateTime<Utc>>,
     policy: ReapPolicy,
     now: DateTime<Utc>,
 ) -> Vec<Nominated> {
@@ -686,13 +718,19 @@ fn nominate(
     // most buckets have jobs queued, and a list per bucket in a map cost an allocation and a
     // keyed hash for each of thousands of buckets, only to be thrown away.
     let mut idle_of_spare: Vec<(usize, &Child)> = Vec::new();
+    // A reading carried from an earlier tick may miss that a job was taken or cancelled
+    // since: no runner is taken back on it.
+    let demand_known = |repo: &Option<usize>| {
+        repo.is_some_and(|r| slots[r].queue_gap.is_none() && slots[r].read_earlier_at.is_none())
+    };
     for (child, repo, bucket) in flight {
+        // Taken back already: stopped by its own rule below, never counted as surplus.
+        if deregistered.contains_key(&child.id) {
+            continue;
+        }
         // A child the planner cannot attribute to a bucket of a readable queue has no demand
         // it could serve: a leftover of a repo that left the document, or of an edit.
-        // A reading carried from an earlier tick may miss that a job was taken or cancelled
-        // since: no runner is taken back on it.
-        let demand_known = repo
-            .is_some_and(|r| slots[r].queue_gap.is_none() && slots[r].read_earlier_at.is_none());
+        let demand_known = demand_known(repo);
         let bucket = match (bucket, demand_known) {
             (Some(b), true) => Some(*b),
             (_, true) => None,
@@ -740,10 +778,25 @@ fn nominate(
             Nomination::PlacementTimeout
         } else if running_for >= child_policy.hard_bound {
             Nomination::Wedged
+        } else if let Some(deleted_at) = deregistered.get(&child.id) {
+            // A job it took just before the delete landed shows in a listing only after a
+            // lag: the child is stopped on a reading of this tick that the lag could not hide
+            // such a job from, never on one from an earlier tick.
+            let read_after_lag = (now - *deleted_at)
+                .to_std()
+                .is_ok_and(|since| since >= child_policy.job_listing_lag);
+            if busy(child) || !demand_known(repo) || !read_after_lag {
+                continue;
+            }
+            Nomination::Deregistered
         } else if surplus.contains(&child.id) {
             Nomination::Surplus
         } else if app
             && !busy(child)
+            // Issue 19, defect 2: "no job names it" means something only on a queue reading
+            // of this tick; with the reading missing or carried, a runner whose registration
+            // went while it took a job has no busy signal left.
+            && demand_known(repo)
             && child
                 .placed_at
                 .and_then(|at| (now - at).to_std().ok())

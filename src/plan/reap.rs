@@ -23,6 +23,9 @@ pub struct ReapPolicy {
     /// observations at least this far apart (GitHub's `busy` flag has read false for up to a
     /// minute after a job started).
     pub idle_confirm: Duration,
+    /// `--job-listing-lag` ([`JOB_LISTING_LAG`] unless set): how long after a delete the
+    /// queue reading a deregistered runner is stopped on must have been taken.
+    pub job_listing_lag: Duration,
     /// `--hard-bound`, or the profile's `hardBoundMinutes`: a runner still busy past this age
     /// is wedged. GitHub cancels a self-hosted job after 5 days; the default adds 30 minutes.
     pub hard_bound: Duration,
@@ -30,6 +33,12 @@ pub struct ReapPolicy {
     /// the one-hour life of a registration token.
     pub placement_timeout: Duration,
 }
+
+/// The default of `--job-listing-lag`: how long after a runner took a job that job may still
+/// be missing from GitHub's job listings (a run's jobs show `in_progress` with the runner's name a few seconds after it
+/// started, more under load): a child whose registration was deleted is stopped only on a
+/// queue reading taken this long after the delete, in which such a job would show.
+pub const JOB_LISTING_LAG: Duration = Duration::from_secs(30);
 
 /// GitHub's limit for a job on a self-hosted runner.
 pub const SELF_HOSTED_JOB_LIMIT: Duration = Duration::from_secs(5 * 24 * 3600);
@@ -39,6 +48,7 @@ impl Default for ReapPolicy {
         ReapPolicy {
             orphan_grace: Duration::from_secs(10 * 60),
             idle_confirm: Duration::from_secs(2 * 60),
+            job_listing_lag: JOB_LISTING_LAG,
             hard_bound: SELF_HOSTED_JOB_LIMIT + Duration::from_secs(30 * 60),
             // Ten minutes short of a registration token's hour: time to place the
             // replacement and boot it before the old token would have expired.
@@ -55,6 +65,10 @@ pub enum Nomination {
     /// `app` mode: placed past the grace window, its runner named by no job in progress, in a
     /// bucket that needs it. Torn down only if its runner never registered.
     Unregistered,
+    /// `app` mode: the daemon deleted its runner's registration (taking it back), so no job
+    /// comes to it, and a queue reading taken [`JOB_LISTING_LAG`] after the delete names it
+    /// in no job: it runs none, and only holds its slot.
+    Deregistered,
     /// Still unplaced after the placement timeout: replaced before its credential expires.
     PlacementTimeout,
     /// Older than its hard bound.
@@ -66,6 +80,7 @@ impl Nomination {
         match self {
             Nomination::Surplus => "surplus",
             Nomination::Unregistered => "unregistered",
+            Nomination::Deregistered => "deregistered",
             Nomination::PlacementTimeout => "placement_timeout",
             Nomination::Wedged => "wedged",
         }
@@ -239,6 +254,25 @@ pub fn decide(input: &ReapInput) -> Decision {
             Allocation::Live => keep(
                 Outcome::Vetoed,
                 "an allocation appeared: its runner may exist",
+            ),
+        };
+    }
+    // Its registration is gone and a reading the lag could not hide a job from names it in
+    // no job: nothing is running on it. A signal that still says busy keeps it.
+    if nomination == Nomination::Deregistered {
+        return match (allocation, verdict) {
+            (Allocation::Live, Verdict::Busy) => {
+                keep(Outcome::Vetoed, "the runner is executing a job")
+            }
+            (Allocation::Live, Verdict::Idle { .. }) => keep(
+                Outcome::Held,
+                "a registration deleted by the daemon is listed again: held",
+            ),
+            _ => tear(
+                Outcome::Reaped,
+                false,
+                false,
+                "its registration was deleted and no job names it in a reading taken after the job listing lag",
             ),
         };
     }

@@ -11,6 +11,7 @@ use super::reap::*;
 const POLICY: ReapPolicy = ReapPolicy {
     orphan_grace: Duration::from_secs(600),
     idle_confirm: Duration::from_secs(120),
+    job_listing_lag: JOB_LISTING_LAG,
     hard_bound: Duration::from_secs(5 * 24 * 3600 + 1800),
     placement_timeout: Duration::from_secs(3000),
 };
@@ -116,6 +117,14 @@ placement_timeout forgejo none not-asked    past-bound | replaced
 placement_timeout app     live idle         grown      | vetoed
 placement_timeout vault   live not-asked    grown      | vetoed
 unregistered      app     live idle         grown      | kept
+deregistered      app     live not-asked    young      | reaped
+deregistered      app     live not-asked    grown      | reaped
+deregistered      app     live absent-once  grown      | reaped
+deregistered      app     live unknown-short grown     | reaped
+deregistered      app     live busy         young      | vetoed
+deregistered      app     live busy         grown      | vetoed
+deregistered      app     live idle         grown      | held
+deregistered      app     none not-asked    grown      | reaped
 unregistered      app     live absent       grown      | reaped
 unregistered      app     live absent-once  grown      | held
 unregistered      app     live busy         grown      | vetoed
@@ -135,6 +144,7 @@ fn input(nomination: &str, mode: &str, alloc: &str, verdict_name: &str, band: &s
             "surplus" => Nomination::Surplus,
             "placement_timeout" => Nomination::PlacementTimeout,
             "unregistered" => Nomination::Unregistered,
+            "deregistered" => Nomination::Deregistered,
             "wedged" => Nomination::Wedged,
             other => panic!("unknown nomination {other}"),
         },
@@ -191,6 +201,7 @@ fn no_decision_tears_down_a_busy_runner_before_the_hard_bound() {
     let nominations = [
         Nomination::Surplus,
         Nomination::Unregistered,
+        Nomination::Deregistered,
         Nomination::PlacementTimeout,
     ];
     for nomination in nominations {
@@ -226,7 +237,13 @@ fn a_decision_tears_down_exactly_when_its_outcome_says_so() {
         "unknown-long",
         "not-asked",
     ];
-    for nomination in ["surplus", "placement_timeout", "unregistered", "wedged"] {
+    for nomination in [
+        "surplus",
+        "placement_timeout",
+        "unregistered",
+        "deregistered",
+        "wedged",
+    ] {
         for mode in ["app", "vault"] {
             for alloc in ["none", "live"] {
                 for v in verdicts {

@@ -200,6 +200,9 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             queued,
             in_progress,
             in_flight: supply,
+            // Fed no deregistered children (`agreement.rs`): their rules are tabled in
+            // `tests.rs`.
+            deregistered: 0,
             covered_by_wider,
             cap: repo_config.map(|r| tightest_cap(r, route.as_ref(), settings)),
             missing,

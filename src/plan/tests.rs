@@ -1038,3 +1038,136 @@ fn a_queue_reading_carried_from_an_earlier_tick_neither_dispatches_nor_reaps() {
         }
     }
 }
+
+/// Defect 1 of issue 19: a runner whose registration the daemon deleted can take no job, so
+/// it is no supply (a replacement goes out if a cap has room) though its allocation still
+/// holds its slot; it is stopped on the first fresh reading taken the listing lag after the
+/// delete that names it in no job, and counts as supply again if a job names it.
+#[test]
+fn a_deregistered_runner_is_no_supply_but_holds_its_slot_until_a_fresh_reading_stops_it() {
+    let deleted = |w: &mut World, ago_s: i64| {
+        let id = w.children_of("ci-runner")[0].id.clone();
+        w.snapshot
+            .deregistered
+            .insert(id, t0() - Duration::seconds(ago_s));
+    };
+    let world = |cap: u32| {
+        let mut w = World::new(vec![app_repo("acme/api", cap)]);
+        w.queued("acme/api", SH, 5).child(
+            "ci-runner",
+            "acme/api",
+            SH,
+            "r1",
+            ChildStatus::Running,
+            Placement::Placed,
+        );
+        w.children_of("ci-runner")[0].placed_at = Some(t0() - Duration::minutes(20));
+        w.children_of("ci-runner")[0].submitted_at = Some(t0() - Duration::minutes(21));
+        w
+    };
+
+    let mut w = world(2);
+    let counted = w.plan();
+    assert!(
+        counted.dispatches.is_empty(),
+        "registered, it takes the job"
+    );
+    deleted(&mut w, 60);
+    let p = w.plan();
+    let b = bucket(&p, "acme/api", SH);
+    assert_eq!((b.in_flight, b.deregistered, b.missing), (1, 1, 1), "{b:?}");
+    assert_eq!(p.dispatches.len(), 1, "a replacement goes out beside it");
+    assert_eq!(p.nominations.len(), 1);
+    assert_eq!(p.nominations[0].nomination, Nomination::Deregistered);
+
+    let mut w = world(1);
+    deleted(&mut w, 60);
+    let p = w.plan();
+    assert!(p.dispatches.is_empty());
+    assert_eq!(
+        bucket(&p, "acme/api", SH).reason,
+        Some(HoldReason::RepoCap),
+        "its allocation still holds the slot"
+    );
+    assert_eq!(p.nominations[0].nomination, Nomination::Deregistered);
+
+    // Too soon after the delete for a job it took to show: kept, not stopped.
+    let mut w = world(1);
+    deleted(&mut w, 10);
+    assert!(w.plan().nominations.is_empty(), "stopped inside the lag");
+    // A reading carried from an earlier tick proves nothing about now.
+    let mut w = world(1);
+    deleted(&mut w, 60);
+    w.snapshot
+        .unpolled
+        .insert(repo("acme/api"), t0() - Duration::seconds(15));
+    assert!(w.plan().nominations.is_empty(), "stopped on an old reading");
+
+    // A job in progress names it: it took the job before the delete landed, and serves it.
+    let mut w = world(2);
+    deleted(&mut w, 60);
+    w.job(
+        "acme/api",
+        SH,
+        JobState::InProgress {
+            runner: Some(RunnerName("r1".into())),
+        },
+        30,
+    );
+    let p = w.plan();
+    let b = bucket(&p, "acme/api", SH);
+    assert_eq!(
+        (b.in_progress, b.deregistered, b.missing),
+        (1, 0, 1),
+        "{b:?}"
+    );
+    assert!(p.nominations.is_empty(), "a busy runner is never nominated");
+}
+
+/// Issue 19, defect 2: a placed `app` runner named by no job is nominated as unregistered
+/// only on a queue reading of this tick. A runner whose registration was deleted as it took a
+/// job has one busy signal left, the job naming it; with the repo's reading failed or carried
+/// from an earlier tick, that signal is missing, not negative.
+#[test]
+fn an_unregistered_runner_is_nominated_only_on_a_fresh_queue_reading() {
+    let world = |reading: &str| {
+        let mut w = World::new(vec![app_repo("acme/api", 3)]);
+        w.queued("acme/api", SH, 5).child(
+            "ci-runner",
+            "acme/api",
+            SH,
+            "r1",
+            ChildStatus::Running,
+            Placement::Placed,
+        );
+        w.children_of("ci-runner")[0].placed_at = Some(t0() - Duration::minutes(30));
+        w.children_of("ci-runner")[0].submitted_at = Some(t0() - Duration::minutes(31));
+        match reading {
+            "failed" => {
+                w.snapshot.repos.insert(
+                    repo("acme/api"),
+                    Err(Gap {
+                        class: ErrorClass::Transient,
+                        message: "list runs: 502".into(),
+                    }),
+                );
+            }
+            "carried" => {
+                w.snapshot
+                    .unpolled
+                    .insert(repo("acme/api"), t0() - Duration::seconds(40));
+            }
+            _ => {}
+        }
+        w.plan()
+    };
+    let fresh = world("fresh");
+    assert_eq!(fresh.nominations.len(), 1);
+    assert_eq!(fresh.nominations[0].nomination, Nomination::Unregistered);
+    for reading in ["failed", "carried"] {
+        assert!(
+            world(reading).nominations.is_empty(),
+            "{reading}: nominated without a fresh reading"
+        );
+    }
+}

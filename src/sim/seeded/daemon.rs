@@ -124,7 +124,11 @@ impl Daemon {
                         ))),
                     )
                     .with_status_publisher(published_tx.clone())
-                    .with_hints(hints.clone());
+                    .with_hints(hints.clone())
+                    .with_carried(leader::fenced_carried(
+                        carried_store(&shared, id, settings.mutant),
+                        &fence,
+                    ));
                     if let Some(planner) = settings.planner {
                         controller = controller.with_planner(planner);
                     }
@@ -190,6 +194,22 @@ impl Daemon {
         let mut sim = lock(shared);
         sim.daemons_up.remove(&self.id);
         sim.daemon_configs.remove(&self.id);
+    }
+}
+
+/// Daemon `id`'s state key, as its mutant (if any) sees it.
+fn carried_store(
+    shared: &Shared,
+    id: usize,
+    mutant: Option<super::mutants::Mutant>,
+) -> Arc<dyn crate::act::services::CarriedStore> {
+    let store: Arc<dyn crate::act::services::CarriedStore> = Arc::new(consul_lock::SimStateKey {
+        shared: shared.clone(),
+        daemon: id,
+    });
+    match mutant {
+        Some(mutant) => mutant.carried_store(store),
+        None => store,
     }
 }
 

@@ -230,6 +230,11 @@ impl Checker {
         let mut runners: BTreeMap<&RunnerName, BucketKey> = BTreeMap::new();
         for (_, child) in world.in_flight() {
             let Some(repo) = &child.repo else { continue };
+            // A live allocation whose runner can take no job supplies nothing (it still
+            // holds its slot under the caps: see `CapUse`).
+            if !child.can_take_a_job() {
+                continue;
+            }
             let key = BucketKey {
                 repo: repo.clone(),
                 labels: child.labels.clone(),
@@ -336,7 +341,15 @@ impl Checker {
             .collect::<BTreeSet<_>>()
         {
             let under: Vec<&Short> = short.iter().filter(|s| s.caps.contains(cap)).collect();
-            let missing: u32 = under.iter().map(|s| s.missing).sum();
+            // A bucket is owed no more runners than its tightest cap has room for: room under
+            // its repo's cap while `--max-in-flight` is full is no room at all.
+            let missing: u32 = under
+                .iter()
+                .map(|s| {
+                    let room = s.caps.iter().map(|c| used.room_under(sim, c)).min();
+                    s.missing.min(room.unwrap_or(0))
+                })
+                .sum();
             let owed_units = missing.min(used.room_under(sim, cap)) as usize;
             let owed_by = t + within_s;
             let mut units = self.short_since.remove(cap).unwrap_or_default();
@@ -437,6 +450,12 @@ impl Checker {
                     since.max(child.submitted_s + policy.orphan_grace.as_secs()),
                     policy.idle_confirm.as_secs() + slack,
                 ),
+                // Its registration deleted, it waits for nothing: stopped once a reading the
+                // job listing's lag could not hide a job from shows none on it.
+                Phase::Idle { .. } if app && child.registration.is_none() => (
+                    child.deregistered_s.unwrap_or(t),
+                    policy.job_listing_lag.as_secs() + slack,
+                ),
                 Phase::Unplaced { .. } if !vault => (
                     child.submitted_s + policy.placement_timeout.as_secs(),
                     slack,
@@ -449,12 +468,16 @@ impl Checker {
             let since = if faulted {
                 t
             } else {
-                self.surplus_since.get(id).copied().unwrap_or(became)
+                // A clock started for one rule does not run for the next (an idle runner
+                // whose registration was deleted is owed its stop from the delete).
+                self.surplus_since
+                    .get(id)
+                    .map_or(became, |since| (*since).max(became))
             };
             still.insert(id.clone(), since);
             if found.is_none() && t > since + due_after {
                 found = Some(format!(
-                    "{id} ({:?}) should have been taken back by t={}s (surplus from t={since}s,                      no fault since) and was not",
+                    "{id} ({:?}) should have been taken back by t={}s (surplus from t={since}s, no fault since) and was not",
                     child.phase,
                     since + due_after
                 ));
@@ -558,7 +581,7 @@ fn i7_per_bucket(sim: &Sim) -> Option<String> {
             .count();
         if recent > CRASH_DISPATCHES_MAX {
             return Some(format!(
-                "bucket {repo} {labels}: {recent} dispatches in the last {CRASH_WINDOW_S} s                  while its runners kept failing to start ({} failed starts in a row), more                  than {CRASH_DISPATCHES_MAX}",
+                "bucket {repo} {labels}: {recent} dispatches in the last {CRASH_WINDOW_S} s while its runners kept failing to start ({} failed starts in a row), more than {CRASH_DISPATCHES_MAX}",
                 streak.failed_starts
             ));
         }

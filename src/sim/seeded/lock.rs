@@ -82,6 +82,8 @@ pub struct LockTruth {
     latest_write_ms: BTreeMap<usize, u64>,
     /// A foreign session holding the key, and when it lets go.
     foreign: Option<(String, u64)>,
+    /// The daemons' state key (`--state-key`): what a term hands on to the next.
+    pub state_key: Option<Vec<u8>>,
 }
 
 impl Default for LockTruth {
@@ -98,6 +100,7 @@ impl Default for LockTruth {
             last_fault_s: None,
             latest_write_ms: BTreeMap::new(),
             foreign: None,
+            state_key: None,
         }
     }
 }
@@ -201,7 +204,7 @@ impl Sim {
             None => Some(format!("daemon {daemon} sent {what} without ever holding the lock")),
             Some(term) => match term.ended_ms {
                 Some(end) if now_ms > end + notice_ms => Some(format!(
-                    "daemon {daemon} sent {what} at {now_ms} ms, {} ms after the key stopped                      naming its session ({}) at {end} ms",
+                    "daemon {daemon} sent {what} at {now_ms} ms, {} ms after the key stopped naming its session ({}) at {end} ms",
                     now_ms - end,
                     term.session
                 )),
@@ -212,7 +215,7 @@ impl Sim {
                     .find(|(other, at)| **other != daemon && **at > term.began_ms)
                     .map(|(other, at)| {
                         format!(
-                            "daemon {daemon} sent {what} at {now_ms} ms while daemon {other}                              had written at {at} ms, after daemon {daemon}'s term began at {} ms",
+                            "daemon {daemon} sent {what} at {now_ms} ms while daemon {other} had written at {at} ms, after daemon {daemon}'s term began at {} ms",
                             term.began_ms
                         )
                     }),
@@ -470,6 +473,42 @@ impl LockStore for SimLock {
 }
 
 /// Every daemon's lock over the same Consul.
+/// One daemon's handle on the state key: a plain read and a plain write, the write judged
+/// against the daemon's lease when it is sent (I8).
+pub struct SimStateKey {
+    pub shared: Shared,
+    pub daemon: usize,
+}
+
+#[async_trait]
+impl crate::act::services::CarriedStore for SimStateKey {
+    async fn load(&self) -> Result<Option<Vec<u8>>, PortError> {
+        over_the_wire(&self.shared, Service::Consul, |sim| {
+            consul_call(sim, "read the state key").map_err(port_error)?;
+            Ok(sim.lock.state_key.clone())
+        })
+        .await
+    }
+
+    async fn save(&self, value: Vec<u8>) -> Result<(), PortError> {
+        let daemon = self.daemon;
+        lock(&self.shared).write_sent(Some(daemon), "a write of the state key");
+        over_the_wire(&self.shared, Service::Consul, |sim| {
+            consul_call(sim, "write the state key").map_err(port_error)?;
+            sim.lock.state_key = Some(value);
+            Ok(())
+        })
+        .await
+    }
+}
+
+fn port_error(e: LockError) -> PortError {
+    match e {
+        LockError::Port(e) => e,
+        other => PortError::new(ErrorClass::Transient, other.to_string()),
+    }
+}
+
 pub fn store(shared: &Shared, daemon: usize) -> Arc<dyn LockStore> {
     Arc::new(SimLock {
         shared: shared.clone(),

@@ -30,14 +30,23 @@ pub enum Mutant {
     NeverDispatches,
     /// Dispatches every runner it sends twice.
     Overdispatches,
+    /// A runner whose registration the daemon deleted still counts as supply until its
+    /// absence is confirmed (issue 19, defect 1): it holds its bucket's demand although no
+    /// job can come to it.
+    DeregisteredCounted,
+    /// A new term (a restart, a new leader) starts without its predecessor's crash-loop
+    /// backoff (issue 19, defect 5): it reads nothing from the state key.
+    BackoffForgottenAtRestart,
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 4] = [
+    pub const ALL: [Mutant; 6] = [
         Mutant::LockKeyNotWatched,
         Mutant::UnplacedNotCounted,
         Mutant::NeverDispatches,
         Mutant::Overdispatches,
+        Mutant::DeregisteredCounted,
+        Mutant::BackoffForgottenAtRestart,
     ];
 
     pub fn name(self) -> &'static str {
@@ -46,6 +55,8 @@ impl Mutant {
             Mutant::UnplacedNotCounted => "unplaced-not-counted",
             Mutant::NeverDispatches => "never-dispatches",
             Mutant::Overdispatches => "overdispatches",
+            Mutant::DeregisteredCounted => "deregistered-counted",
+            Mutant::BackoffForgottenAtRestart => "backoff-forgotten-at-restart",
         }
     }
 
@@ -56,6 +67,8 @@ impl Mutant {
             Mutant::UnplacedNotCounted => &["I3", "I7"],
             Mutant::NeverDispatches => &["I2"],
             Mutant::Overdispatches => &["I3", "I7"],
+            Mutant::DeregisteredCounted => &["I4", "I2"],
+            Mutant::BackoffForgottenAtRestart => &["I7"],
         }
     }
 
@@ -66,6 +79,8 @@ impl Mutant {
             Mutant::UnplacedNotCounted => Scenario::ClusterFull,
             Mutant::NeverDispatches => Scenario::Steady,
             Mutant::Overdispatches => Scenario::Burst,
+            Mutant::DeregisteredCounted => Scenario::TakeBacks,
+            Mutant::BackoffForgottenAtRestart => Scenario::CrashLoop,
         }
     }
 
@@ -76,11 +91,24 @@ impl Mutant {
             Mutant::UnplacedNotCounted => Some(ignores_unplaced_children),
             Mutant::NeverDispatches => Some(never_dispatches),
             Mutant::Overdispatches => Some(one_extra_runner),
+            Mutant::DeregisteredCounted => Some(counts_deregistered_runners),
+            Mutant::BackoffForgottenAtRestart => None,
         };
         RunSettings {
             planner,
             mutant: Some(self),
             ..RunSettings::default()
+        }
+    }
+
+    /// The daemon's state key, as this mutant sees it.
+    pub fn carried_store(
+        self,
+        store: Arc<dyn crate::act::services::CarriedStore>,
+    ) -> Arc<dyn crate::act::services::CarriedStore> {
+        match self {
+            Mutant::BackoffForgottenAtRestart => Arc::new(ReadsNothing(store)),
+            _ => store,
         }
     }
 
@@ -109,6 +137,17 @@ pub fn ignores_unplaced_children(input: PlanInput<'_>) -> Plan {
     })
 }
 
+/// A planner that does not know which registrations the daemon deleted: their runners count
+/// as supply, and are stopped only on the absence confirmed over `--idle-confirm`.
+pub fn counts_deregistered_runners(input: PlanInput<'_>) -> Plan {
+    let mut snapshot = input.snapshot.clone();
+    snapshot.deregistered.clear();
+    plan(PlanInput {
+        snapshot: &snapshot,
+        ..input
+    })
+}
+
 pub fn never_dispatches(input: PlanInput<'_>) -> Plan {
     let mut plan = plan(input);
     plan.dispatches.clear();
@@ -121,6 +160,20 @@ pub fn one_extra_runner(input: PlanInput<'_>) -> Plan {
     let extra = plan.dispatches.clone();
     plan.dispatches.extend(extra);
     plan
+}
+
+/// A state key that always reads empty: every term starts from nothing.
+struct ReadsNothing(Arc<dyn crate::act::services::CarriedStore>);
+
+#[async_trait]
+impl crate::act::services::CarriedStore for ReadsNothing {
+    async fn load(&self) -> Result<Option<Vec<u8>>, crate::model::PortError> {
+        Ok(None)
+    }
+
+    async fn save(&self, value: Vec<u8>) -> Result<(), crate::model::PortError> {
+        self.0.save(value).await
+    }
 }
 
 /// Once this daemon acquired the key, every read of it names this daemon's session, whatever
@@ -189,8 +242,11 @@ pub struct Hunt {
     pub mutant: Mutant,
     pub scenario: Scenario,
     pub expected: &'static [&'static str],
-    /// The first seed that caught it with an expected invariant, and that invariant.
+    /// The first seed that caught it with an expected invariant, and that invariant; only a
+    /// seed the unbroken daemon passes counts.
     pub caught: Option<(u64, &'static str)>,
+    /// Seeds that caught it where the unbroken daemon failed too, and on what.
+    pub unbroken_fails: Vec<(u64, &'static str)>,
     /// Seeds it met that failed on another invariant first, before it was caught.
     pub other_failures: Vec<(u64, &'static str)>,
     pub seeds_tried: u64,
@@ -204,6 +260,7 @@ pub fn hunt(mutant: Mutant, seeds: u64, threads: usize) -> Hunt {
         scenario: mutant.scenario(),
         expected: mutant.caught_by(),
         caught: None,
+        unbroken_fails: Vec::new(),
         other_failures: Vec::new(),
         seeds_tried: 0,
     };
@@ -231,7 +288,13 @@ pub fn hunt(mutant: Mutant, seeds: u64, threads: usize) -> Hunt {
                 continue;
             };
             if found.caught.is_none() && found.expected.contains(&v.invariant) {
-                found.caught = Some((outcome.seed, v.invariant));
+                // A catch proves the guard only where the unbroken daemon holds.
+                let unbroken =
+                    run_seed_with(mutant.scenario(), outcome.seed, RunSettings::default());
+                match unbroken.violation {
+                    None => found.caught = Some((outcome.seed, v.invariant)),
+                    Some(u) => found.unbroken_fails.push((outcome.seed, u.invariant)),
+                }
             } else if found.caught.is_none() {
                 found.other_failures.push((outcome.seed, v.invariant));
             }
@@ -246,7 +309,7 @@ pub fn render(hunts: &[Hunt]) -> String {
     for h in hunts {
         let line = match h.caught {
             Some((seed, invariant)) => format!(
-                "mutant {}: caught by {invariant} at seed {seed} of {} ({} seed(s) run)",
+                "mutant {}: caught by {invariant} at seed {seed} of {}, which the unbroken daemon passes ({} seed(s) run)",
                 h.mutant.name(),
                 h.scenario,
                 h.seeds_tried
@@ -267,6 +330,17 @@ pub fn render(hunts: &[Hunt]) -> String {
                 .map(|(seed, invariant)| format!("seed {seed}: {invariant}"))
                 .collect();
             out.push_str(&format!(" [failed first elsewhere: {}]", others.join(", ")));
+        }
+        if !h.unbroken_fails.is_empty() {
+            let both: Vec<String> = h
+                .unbroken_fails
+                .iter()
+                .map(|(seed, invariant)| format!("seed {seed}: {invariant}"))
+                .collect();
+            out.push_str(&format!(
+                " [the unbroken daemon fails too: {}]",
+                both.join(", ")
+            ));
         }
         out.push('\n');
     }

@@ -157,6 +157,10 @@ pub struct Options {
     pub daemons: usize,
     /// What someone else does to the lock key, and when.
     pub lock_hazards: Vec<(u64, LockHazard)>,
+    /// Daemons killed and started again: (when, which, how long it stays down), drawn with
+    /// this probability.
+    pub restarts: Vec<(u64, usize, u64)>,
+    pub restart_probability: f64,
 }
 
 /// How webhooks reach the daemon.
@@ -217,6 +221,8 @@ impl Options {
             latency: BTreeMap::new(),
             daemons: 1,
             lock_hazards: Vec::new(),
+            restarts: Vec::new(),
+            restart_probability: 0.3,
         };
         if rng.random_bool(0.3) {
             let start = rng.random_range(60..=options.faults_end_s.max(61));
@@ -411,6 +417,17 @@ impl Options {
                 }
             };
             self.lock_hazards.push((at, hazard));
+        }
+        // A daemon killed where it stands (OOM, a node drained, a deploy) and started again a
+        // little later, its memory gone.
+        if rng.random_bool(self.restart_probability) {
+            for _ in 0..rng.random_range(1..=2) {
+                let at = rng.random_range(60..=self.faults_end_s.max(61));
+                let daemon = rng.random_range(0..self.daemons);
+                let down_s = rng.random_range(1..=90);
+                self.restarts.push((at, daemon, down_s));
+            }
+            self.restarts.sort_unstable();
         }
     }
 

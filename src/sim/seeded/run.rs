@@ -246,29 +246,38 @@ async fn world(
     let tick_log = Arc::new(Mutex::new(TickLog::default()));
     let mut daemons: Vec<Daemon> = Vec::new();
     lock(shared).started = start;
-    if let Actor::Ours {
-        rng,
-        planner,
-        mutant,
-    } = actor
-    {
-        let settings = DaemonSettings {
-            loop_settings: loop_settings.clone(),
-            lock_ttl: LOCK_TTL,
-            planner: *planner,
-            mutant: *mutant,
-            clock: SimClock { start },
-            github: GitHubHttp::new(shared),
-        };
-        daemons.push(Daemon::start(
-            shared,
-            &settings,
-            0,
-            1,
+    let (daemon_count, restarts) = {
+        let sim = lock(shared);
+        (sim.options.daemons, sim.options.restarts.clone())
+    };
+    let daemon_settings = match actor {
+        Actor::Ours {
             rng,
-            tick_log.clone(),
-        ));
-    }
+            planner,
+            mutant,
+        } => {
+            let settings = DaemonSettings {
+                loop_settings: loop_settings.clone(),
+                lock_ttl: LOCK_TTL,
+                planner: *planner,
+                mutant: *mutant,
+                clock: SimClock { start },
+                github: GitHubHttp::new(shared),
+            };
+            for id in 0..daemon_count {
+                daemons.push(Daemon::start(
+                    shared,
+                    &settings,
+                    id,
+                    1,
+                    rng,
+                    tick_log.clone(),
+                ));
+            }
+            Some(settings)
+        }
+        _ => None,
+    };
     let mut converged_since: Option<u64> = None;
     let mut t = 0;
     let ended = loop {
@@ -286,6 +295,38 @@ async fn world(
             for hazard in hazards {
                 sim.lock_hazard(hazard);
             }
+            drop(sim);
+            if let (Some(settings), Actor::Ours { rng, .. }) = (&daemon_settings, &mut *actor) {
+                for &(at, id, down_s) in &restarts {
+                    if at == t
+                        && let Some(i) = daemons.iter().position(|d| d.id == id)
+                    {
+                        lock(shared)
+                            .trace
+                            .record(t, format!("daemon {id} killed; up again in {down_s} s"));
+                        daemons.swap_remove(i).crash(shared);
+                    }
+                    if at + down_s == t && !daemons.iter().any(|d| d.id == id) {
+                        let incarnation = restarts
+                            .iter()
+                            .filter(|(a, d, down)| *d == id && a + down <= t)
+                            .count() as u32
+                            + 1;
+                        lock(shared)
+                            .trace
+                            .record(t, format!("daemon {id} started again"));
+                        daemons.push(Daemon::start(
+                            shared,
+                            settings,
+                            id,
+                            incarnation,
+                            rng,
+                            tick_log.clone(),
+                        ));
+                    }
+                }
+            }
+            let mut sim = lock(shared);
             sim.reap_sessions();
             if sim
                 .options

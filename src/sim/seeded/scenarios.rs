@@ -30,6 +30,7 @@ impl Scenario {
             Scenario::CrashLoop => crash_loop(&mut o, rng),
             Scenario::Outages => outages(&mut o, rng),
             Scenario::RateLimited => rate_limited(&mut o, rng),
+            Scenario::TakeBacks => take_backs(&mut o, rng),
         }
         o
     }
@@ -138,6 +139,9 @@ fn cluster_full(o: &mut Options, rng: &mut StdRng) {
 
 fn crash_loop(o: &mut Options, rng: &mut StdRng) {
     o.crash_probability = rng.random_range(0.3..0.9);
+    // A crash-looping image often takes the daemon's node down with it, or is fixed by a
+    // deploy that restarts the daemon too: the backoff must survive that.
+    o.restart_probability = 0.8;
     o.boot_s = (5, rng.random_range(10..=60));
 }
 
@@ -153,6 +157,28 @@ fn outages(o: &mut Options, rng: &mut StdRng) {
         };
         o.outages.push(outage(rng, service, o.faults_end_s, length));
     }
+}
+
+/// One `app` repo with room under its cap and runs arriving every minute or two, many cancelled
+/// while their runner boots: the runner left idle is taken back (its registration deleted
+/// first) while the next job of its bucket is on its way.
+fn take_backs(o: &mut Options, rng: &mut StdRng) {
+    o.repos.retain(|r| r.name == "afreidah/munchbox");
+    if let Some(repo) = o.repos.first_mut() {
+        repo.entry["maxConcurrent"] = rng.random_range(3..=6).into();
+    }
+    o.max_in_flight = None;
+    o.burst_runs = rng.random_range(0..=2);
+    o.runs_per_hour = rng.random_range(30.0..90.0);
+    o.jobs_per_run = (1, 2);
+    o.needs_probability = 0.0;
+    o.cancel_per_s = rng.random_range(1.0 / 600.0..1.0 / 90.0);
+    o.rerun_probability = rng.random_range(0.0..0.3);
+    o.boot_s = (20, 60);
+    // Runners wait long enough to be taken back rather than leave on their own.
+    o.idle_timeout_s = 30 * 60;
+    o.arrivals_end_s = rng.random_range(30..=45) * 60;
+    o.faults_end_s = o.arrivals_end_s;
 }
 
 fn rate_limited(o: &mut Options, rng: &mut StdRng) {
@@ -178,7 +204,7 @@ mod tests {
 
     #[test]
     fn every_scenario_document_passes_validation() {
-        for scenario in Scenario::NAMED {
+        for scenario in Scenario::NAMED.into_iter().chain(Scenario::HAZARDS) {
             for seed in 0..20 {
                 let options = scenario.options(&mut StdRng::seed_from_u64(seed));
                 if let Err(errors) =

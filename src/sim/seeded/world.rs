@@ -143,6 +143,7 @@ impl World {
                 ran_job: false,
                 stopped: false,
                 registration: None,
+                deregistered_s: None,
             },
         );
     }
@@ -346,6 +347,7 @@ mod tests {
                 ran_job: true,
                 stopped: false,
                 registration: None,
+                deregistered_s: None,
             },
         );
         for id in [1, 2] {

@@ -145,6 +145,7 @@ impl World {
                 ran_job: false,
                 stopped: false,
                 registration: None,
+                deregistered_s: None,
             },
         );
         // A JIT runner's registration belongs to the child dispatched under its name.

@@ -95,6 +95,22 @@ pub struct SimChild {
     /// The GitHub registration its runner holds, from boot until it leaves on its own (a
     /// runner killed with its allocation leaves it behind, offline).
     pub registration: Option<u64>,
+    /// When the daemon deleted its runner's registration: from then on GitHub hands it no
+    /// job.
+    pub deregistered_s: Option<u64>,
+}
+
+impl SimChild {
+    /// Whether its runner may still take a job: a runner on its way (unplaced, booting), or
+    /// one at work or idle that a forge can still hand a job to. A GitHub runner whose
+    /// registration was deleted cannot, though its allocation lives on.
+    pub fn can_take_a_job(&self) -> bool {
+        match self.phase {
+            Phase::Exited => false,
+            Phase::Idle { .. } => !(self.on_github() && self.registration.is_none()),
+            Phase::Unplaced { .. } | Phase::Booting { .. } | Phase::Busy { .. } => true,
+        }
+    }
 }
 
 impl SimChild {

@@ -113,6 +113,7 @@ impl World {
             .and_then(|c| self.children.get_mut(c))
         {
             child.registration = None;
+            child.deregistered_s = Some(t);
         }
         self.counts.deregistrations += 1;
         trace.record(t, format!("registration of {} deleted", registration.name));
