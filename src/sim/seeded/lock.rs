@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rand::Rng;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::options::Service;
@@ -73,8 +72,11 @@ pub struct LockTruth {
     /// No session may acquire before this (the lock delay of the session that lost it).
     delay_until: Option<Instant>,
     next_session: u64,
-    /// Moves with the index (and is poked when Consul goes away), waking blocked reads.
-    changed: watch::Sender<u64>,
+    /// Wakes blocked reads when the index moves (or Consul goes away). A `Notify`, not a
+    /// `watch`: tokio's watch spreads its waiters over eight lists picked at random, so two
+    /// daemons blocked on the key would wake in a different order from run to run, and a
+    /// seed would not replay.
+    changed: Arc<tokio::sync::Notify>,
     pub terms: Vec<Term>,
     /// When Consul last failed a lock call.
     pub last_fault_s: Option<u64>,
@@ -95,7 +97,7 @@ impl Default for LockTruth {
             index: 1,
             delay_until: None,
             next_session: 0,
-            changed: watch::channel(1).0,
+            changed: Arc::new(tokio::sync::Notify::new()),
             terms: Vec::new(),
             last_fault_s: None,
             latest_write_ms: BTreeMap::new(),
@@ -131,7 +133,7 @@ impl LockTruth {
         }
         self.holder = holder;
         self.index += 1;
-        self.changed.send_replace(self.index);
+        self.changed.notify_waiters();
     }
 
     /// The session `id` is gone: the key it held is released, and nobody may acquire it for
@@ -147,7 +149,7 @@ impl LockTruth {
 
     /// Wakes blocked reads without a change (Consul went away under them).
     pub fn poke(&self) {
-        self.changed.send_modify(|_| {});
+        self.changed.notify_waiters();
     }
 }
 
@@ -437,18 +439,22 @@ impl LockStore for SimLock {
         // A blocking query: the request travels, Consul holds it until the index moves past
         // `index`, the wait (plus up to a sixteenth, Consul's jitter) runs out, or Consul goes
         // away under it; then the answer travels back.
-        let (there, jitter, mut changed) = {
+        let (there, jitter, changed) = {
             let mut sim = lock(&self.shared);
             let there = sim.transit(Service::Consul);
             let jitter = Duration::from_millis(
                 sim.rng
                     .random_range(0..=(wait.as_millis() / 16).max(1) as u64),
             );
-            (there, jitter, sim.lock.changed.subscribe())
+            (there, jitter, sim.lock.changed.clone())
         };
         tokio::time::sleep(there).await;
         let deadline = Instant::now() + wait + jitter;
         loop {
+            // Registered before the look, so a change made after it still wakes this read.
+            let notified = changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
             {
                 let sim = lock(&self.shared);
                 let down = sim.options.outage_at(Service::Consul, sim.t).is_some();
@@ -458,7 +464,7 @@ impl LockStore for SimLock {
             }
             tokio::select! {
                 biased;
-                _ = changed.changed() => {}
+                _ = &mut notified => {}
                 _ = tokio::time::sleep_until(deadline) => break,
             }
         }
