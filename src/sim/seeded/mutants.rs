@@ -67,7 +67,7 @@ impl Mutant {
             Mutant::UnplacedNotCounted => &["I3", "I7"],
             Mutant::NeverDispatches => &["I2"],
             Mutant::Overdispatches => &["I3", "I7"],
-            Mutant::DeregisteredCounted => &["I4", "I2"],
+            Mutant::DeregisteredCounted => &["I2", "I4"],
             Mutant::BackoffForgottenAtRestart => &["I7"],
         }
     }
