@@ -1039,6 +1039,24 @@ fn a_queue_reading_carried_from_an_earlier_tick_neither_dispatches_nor_reaps() {
     }
 }
 
+/// An `app` repo capped at `cap` with one queued job and one running child, placed
+/// `placed_min_ago` minutes ago, whose runner no job names.
+fn placed_runner_with_a_queued_job(cap: u32, placed_min_ago: i64) -> World {
+    let mut w = World::new(vec![app_repo("acme/api", cap)]);
+    w.queued("acme/api", SH, 5).child(
+        "ci-runner",
+        "acme/api",
+        SH,
+        "r1",
+        ChildStatus::Running,
+        Placement::Placed,
+    );
+    let child = &mut w.children_of("ci-runner")[0];
+    child.placed_at = Some(t0() - Duration::minutes(placed_min_ago));
+    child.submitted_at = Some(t0() - Duration::minutes(placed_min_ago + 1));
+    w
+}
+
 /// Defect 1 of issue 19: a runner whose registration the daemon deleted can take no job, so
 /// it is no supply (a replacement goes out if a cap has room) though its allocation still
 /// holds its slot; it is stopped on the first fresh reading taken the listing lag after the
@@ -1051,20 +1069,7 @@ fn a_deregistered_runner_is_no_supply_but_holds_its_slot_until_a_fresh_reading_s
             .deregistered
             .insert(id, t0() - Duration::seconds(ago_s));
     };
-    let world = |cap: u32| {
-        let mut w = World::new(vec![app_repo("acme/api", cap)]);
-        w.queued("acme/api", SH, 5).child(
-            "ci-runner",
-            "acme/api",
-            SH,
-            "r1",
-            ChildStatus::Running,
-            Placement::Placed,
-        );
-        w.children_of("ci-runner")[0].placed_at = Some(t0() - Duration::minutes(20));
-        w.children_of("ci-runner")[0].submitted_at = Some(t0() - Duration::minutes(21));
-        w
-    };
+    let world = |cap: u32| placed_runner_with_a_queued_job(cap, 20);
 
     let mut w = world(2);
     let counted = w.plan();
@@ -1131,17 +1136,7 @@ fn a_deregistered_runner_is_no_supply_but_holds_its_slot_until_a_fresh_reading_s
 #[test]
 fn an_unregistered_runner_is_nominated_only_on_a_fresh_queue_reading() {
     let world = |reading: &str| {
-        let mut w = World::new(vec![app_repo("acme/api", 3)]);
-        w.queued("acme/api", SH, 5).child(
-            "ci-runner",
-            "acme/api",
-            SH,
-            "r1",
-            ChildStatus::Running,
-            Placement::Placed,
-        );
-        w.children_of("ci-runner")[0].placed_at = Some(t0() - Duration::minutes(30));
-        w.children_of("ci-runner")[0].submitted_at = Some(t0() - Duration::minutes(31));
+        let mut w = placed_runner_with_a_queued_job(3, 30);
         match reading {
             "failed" => {
                 w.snapshot.repos.insert(
