@@ -761,6 +761,61 @@ async fn an_idle_repo_is_read_with_one_request_until_a_run_appears() {
     assert_eq!(quick.len(), 4);
 }
 
+/// A run the newest page shows active while the status searches do not list it yet (GitHub's
+/// search index lags the run by seconds) is looked for again on the next read, though the
+/// page answers 304; only after a couple of minutes of the same is the repo quiet again (a
+/// run in a status that holds no queued job, `action_required`).
+#[tokio::test]
+async fn a_run_the_searches_lag_is_looked_for_again_until_they_list_it() {
+    let (twin, _server, client) = world_on_the_twins_clock().await;
+    twin.install_app("acme");
+    let repo = app_repo("acme/api");
+    twin.add_repo(&repo.repo);
+    assert!(client.list_jobs(&repo).await.unwrap().jobs.is_empty());
+
+    let run = twin.add_run(&repo.repo, vec![vec!["self-hosted"]]);
+    twin.lag_run_search(&repo.repo, run.run_id, true);
+    twin.advance_clock(chrono::Duration::seconds(15));
+    assert!(client.list_jobs(&repo).await.unwrap().jobs.is_empty());
+    assert_eq!(run_listings(&twin).1, [200, 200], "the page moved");
+
+    // The page is unchanged, yet the run it shows active is looked for in the searches again.
+    twin.lag_run_search(&repo.repo, run.run_id, false);
+    twin.advance_clock(chrono::Duration::seconds(15));
+    assert_eq!(client.list_jobs(&repo).await.unwrap().jobs.len(), 1);
+    let (by_status, quick) = run_listings(&twin);
+    assert_eq!(quick, [200, 200, 304]);
+    assert_eq!(by_status.len(), 10, "two full reads");
+
+    // A second run the searches never list: read in full for the allowance, then quiet.
+    let hidden = twin.add_run(&repo.repo, vec![vec!["self-hosted"]]);
+    twin.lag_run_search(&repo.repo, hidden.run_id, true);
+    twin.start_job(&repo.repo, run.job_ids[0], "ci-runner-aaaaaaaaaaaa")
+        .unwrap();
+    twin.complete_job(&repo.repo, run.job_ids[0], "success")
+        .unwrap();
+    let full_reads = || run_listings(&twin).0.len() / 5;
+    let mut reads_in_full = Vec::new();
+    for _ in 0..12 {
+        twin.advance_clock(chrono::Duration::seconds(15));
+        assert!(client.list_jobs(&repo).await.unwrap().jobs.is_empty());
+        reads_in_full.push(full_reads());
+    }
+    // The first read finds nothing (busy before: full; then quick, 200, active, full) and
+    // each later one within two minutes reads in full; past them, quick 304s only.
+    let settled = *reads_in_full.last().unwrap();
+    assert_eq!(
+        reads_in_full[reads_in_full.len() - 2],
+        settled,
+        "{reads_in_full:?}"
+    );
+    assert!(
+        settled >= 2 + 8,
+        "read in full for about two minutes: {reads_in_full:?}"
+    );
+    assert!(run_listings(&twin).1.ends_with(&[304, 304]));
+}
+
 /// Reads stop short of GitHub's secondary limit: once a holder's reads spent the minute's
 /// points, the next read is refused without a request, as a rate limit with the wait, until
 /// the oldest points are a minute old.

@@ -37,6 +37,11 @@ const DEEP_READ_STATUSES: [&str; 2] = ["queued", "in_progress"];
 /// A full read of a repo not read in full before: one listing per status, and at least one
 /// run's jobs (it was hinted at, so something moved).
 const FULL_READ_REQUESTS_AT_LEAST: u32 = RUN_STATUSES_WITH_QUEUED_JOBS.len() as u32 + 1;
+/// How long a run shown active on the newest page but listed by no status search is taken
+/// for the search index lagging it (seconds in practice; GitHub documents no bound), and the
+/// repo read in full again each tick, before the run is taken for one in a status that holds
+/// no queued job (`action_required`) and the repo quiet until its newest page moves.
+const SEARCH_LAG_ALLOWANCE: chrono::Duration = chrono::Duration::minutes(2);
 
 /// What the last read of a repo's queue found, which decides how the next one reads it.
 #[derive(Clone)]
@@ -64,6 +69,8 @@ pub(super) struct Quiet {
     /// The ETag of the newest-runs page at the last quick read, and whether that page showed
     /// a run not completed. The body itself is not kept.
     newest: Option<(String, bool)>,
+    /// Since when that page has shown an active run that no status search lists.
+    searches_behind_since: Option<DateTime<Utc>>,
 }
 
 /// How deep a read of a repo's queue goes.
@@ -220,16 +227,30 @@ impl QueueSource for GitHub {
         let (jobs, no_runs, requests) = self.full_read(repo, statuses).await?;
         let mut last_reads = self.last_reads.lock().expect("last reads lock");
         let found = if no_runs {
-            // Runs active on the newest page but in no status that can hold a queued job
-            // (`action_required`, say) leave the page unchanged until they move.
-            let newest = last_reads
-                .remove(&repo.repo)
-                .and_then(LastRead::into_quiet)
-                .and_then(|quiet| quiet.newest)
-                .map(|(etag, _)| (etag, false));
+            let quiet = last_reads.remove(&repo.repo).and_then(LastRead::into_quiet);
+            let (newest, searches_behind_since) = match quiet {
+                Some(Quiet {
+                    newest: Some((etag, true)),
+                    searches_behind_since,
+                    ..
+                }) => {
+                    // Active on the newest page, in no search: the index may lag the run, so
+                    // the page stays active (read in full again) for a while; after that the
+                    // run is in a status that holds no queued job, and the page is quiet
+                    // until it moves.
+                    let since = searches_behind_since.unwrap_or(now);
+                    if now - since < SEARCH_LAG_ALLOWANCE {
+                        (Some((etag, true)), Some(since))
+                    } else {
+                        (Some((etag, false)), None)
+                    }
+                }
+                quiet => (quiet.and_then(|q| q.newest), None),
+            };
             LastRead::Quiet(Quiet {
                 deep_read_at: now,
                 newest,
+                searches_behind_since,
             })
         } else {
             LastRead::Busy { requests }
@@ -307,7 +328,8 @@ impl GitHub {
                 &doing,
             )
             .await?;
-        let (etag, active) = if answer.status == StatusCode::NOT_MODIFIED {
+        let unchanged = answer.status == StatusCode::NOT_MODIFIED;
+        let (etag, active) = if unchanged {
             crate::metrics::count_conditional_hit();
             known.ok_or_else(|| {
                 PortError::new(
@@ -330,6 +352,10 @@ impl GitHub {
                 .to_string();
             (etag, active)
         };
+        let searches_behind_since = quiet
+            .as_ref()
+            .and_then(|q| q.searches_behind_since)
+            .filter(|_| unchanged);
         let deep_read_at =
             quiet.map_or_else(|| now - deep_read_offset(&repo.repo), |q| q.deep_read_at);
         let newest = (!etag.is_empty()).then_some((etag, active));
@@ -338,6 +364,7 @@ impl GitHub {
             LastRead::Quiet(Quiet {
                 deep_read_at,
                 newest,
+                searches_behind_since,
             }),
         );
         Ok(if active {

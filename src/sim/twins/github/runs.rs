@@ -19,6 +19,7 @@ impl Twin {
         let mut runs: Vec<&RunState> = state
             .runs
             .values()
+            .filter(|run| !(run.search_lagging && query.is_run_search()))
             .filter(|run| {
                 let (status, conclusion) = state.run_status(run);
                 query.run_status_matches(status, conclusion)

@@ -106,6 +106,9 @@ pub(super) struct RunState {
     pub(super) created_at: DateTime<Utc>,
     pub(super) updated_at: DateTime<Utc>,
     pub(super) gate: Option<RunGate>,
+    /// Missing from status-filtered searches while GitHub's search index lags the run (the
+    /// unfiltered listing shows it already).
+    pub(super) search_lagging: bool,
 }
 
 /// A gate a run can wait at while some of its jobs are already queued. GitHub then shows the

@@ -32,6 +32,7 @@ impl GitHubTwin {
                 created_at: now,
                 updated_at: now,
                 gate: None,
+                search_lagging: false,
             },
         );
         for (id, labels) in job_ids.iter().zip(jobs) {
@@ -61,6 +62,16 @@ impl GitHubTwin {
         let mut twin = self.lock();
         if let Some(run) = twin.repo_mut(repo).runs.get_mut(&run_id) {
             run.gate = gate;
+        }
+    }
+
+    /// Keeps a run out of status-filtered searches (`?status=…`) while `lagging`, as GitHub's
+    /// search index does for a few seconds after a run is created or moves; the unfiltered
+    /// listing of the newest runs shows it all along.
+    pub fn lag_run_search(&self, repo: &RepoName, run_id: u64, lagging: bool) {
+        let mut twin = self.lock();
+        if let Some(run) = twin.repo_mut(repo).runs.get_mut(&run_id) {
+            run.search_lagging = lagging;
         }
     }
 
@@ -271,6 +282,7 @@ impl GitHubTwin {
                 created_at: now,
                 updated_at: now,
                 gate: None,
+                search_lagging: false,
             },
         );
         let runner_id = state
