@@ -250,6 +250,40 @@ async fn a_runner_confirmed_idle_that_takes_a_job_at_the_last_moment_is_not_stop
     }
 }
 
+/// The reading that confirmed a runner idle is the tick's listing, taken before the tick's
+/// dispatches; the runner takes a job after it, and the listing still says idle (its busy
+/// flag lags). The registration is read once more, by id, as the last call before the delete:
+/// it says busy, and nothing is deleted or stopped, though GitHub would let the delete through.
+#[tokio::test(start_paused = true)]
+async fn a_runner_idle_on_the_listing_but_busy_on_the_reading_just_before_the_delete_is_kept() {
+    let world = MemoryWorld::new(at(0));
+    world.set_deletes_busy_runners(true);
+    let api = repo("acme/api");
+    let config = app_config(&[("acme/api", 2)]);
+    let mut ctl = reaping_controller(&world, 1, 5, 3);
+
+    let cancelled = world.queue_job(&api, SH);
+    tick(&mut ctl, &world, &config, 0).await;
+    let child = child_ids(&world).remove(0);
+    world.place(&child);
+    let runner = world.register_runner(&child);
+    world.cancel_job(cancelled);
+    for t in 1..=7 {
+        tick(&mut ctl, &world, &config, t).await;
+    }
+    // Confirmed idle from t=8. Just before, the runner takes a job no listing shows yet.
+    world.freeze_runner_listing(true);
+    let taken = world.queue_job(&api, SH);
+    world.take_job(&child, taken);
+    world.hide_job(taken, true);
+    world.set_runner_busy(runner, true);
+    for t in 8..=20 {
+        let view = tick(&mut ctl, &world, &config, t).await;
+        assert!(world.deregistered().is_empty(), "t={t}: {view:#?}");
+        assert!(world.stopped().is_empty(), "t={t}: {view:#?}");
+    }
+}
+
 /// Issue 19, defect 1: a runner whose registration the daemon deleted, and that stays (it
 /// did not leave by itself), can take no job. It stops counting as supply at once (a job
 /// queued after the delete gets a runner of its own in the next tick, the cap permitting),

@@ -21,6 +21,7 @@ use url::Url;
 mod support;
 
 const LIST_RUNNERS: &str = "GET /repos/{owner}/{repo}/actions/runners";
+const GET_RUNNER: &str = "GET /repos/{owner}/{repo}/actions/runners/{runner_id}";
 const DELETE_RUNNER: &str = "DELETE /repos/{owner}/{repo}/actions/runners/{runner_id}";
 
 /// App mode reads nothing from Vault.
@@ -215,6 +216,44 @@ async fn an_unknown_registration_is_not_found() {
 
     assert_eq!(answer, Deregistration::NotFound);
     assert_eq!(w.twin.runners(&w.repo).len(), 1);
+}
+
+/// One registration read by its id, as the take-back reads it just before a delete: its
+/// flags as they are now, and `None` for an id GitHub does not know (404).
+#[tokio::test]
+async fn one_registration_is_read_by_its_id_with_its_busy_flag() {
+    let w = world().await;
+    let id = w.twin.register_runner_as(
+        &w.repo,
+        "ci-runner-0123456789ab",
+        &["self-hosted"],
+        RunnerPresence::IDLE,
+    );
+    let repo = app_repo(&w.repo);
+
+    let idle = w.client.get_runner(&repo, id).await.unwrap().unwrap();
+    assert_eq!(
+        (idle.id, idle.online, idle.busy),
+        (id, true, false),
+        "{idle:?}"
+    );
+    assert_eq!(idle.name, RunnerName("ci-runner-0123456789ab".into()));
+    assert!(
+        w.twin
+            .set_runner_busy(&w.repo, "ci-runner-0123456789ab", true)
+    );
+    let busy = w.client.get_runner(&repo, id).await.unwrap().unwrap();
+    assert!(busy.busy, "{busy:?}");
+
+    assert_eq!(w.client.get_runner(&repo, 987_654_321).await.unwrap(), None);
+    assert_eq!(
+        served(&w.twin, GET_RUNNER),
+        [
+            format!("/repos/acme/api/actions/runners/{id}"),
+            format!("/repos/acme/api/actions/runners/{id}"),
+            "/repos/acme/api/actions/runners/987654321".to_string(),
+        ]
+    );
 }
 
 /// Listing runners reads with the installation's shared read token (`administration: read`);

@@ -377,11 +377,40 @@ async fn take_back(
         let repo = nominated.repo.as_ref().and_then(|r| config.repos.get(r));
         let registry = repo.and_then(|r| registrars.runners_for(&r.mode));
         let deleted = match (repo, registry, judgement.runner_id) {
-            (Some(repo), Some(registry), Some(id)) => registry
-                .delete_runner(repo, id)
-                .await
-                .map(|answer| (answer, id))
-                .map_err(|e| e.context(format!("delete the registration of {child}'s runner"))),
+            (Some(repo), Some(registry), Some(id)) => {
+                // The judgement's reading is from the start of the tick; the runner may have
+                // taken a job since. Read it once more as the last call before the delete, so
+                // the window in which a lagging busy flag can hide a job is one round trip.
+                if !tear_down.force {
+                    match registry.get_runner(repo, id).await {
+                        Ok(Some(now)) if now.busy => {
+                            return keep(
+                                Outcome::Vetoed,
+                                "its registration reads busy on the reading just before the delete: the runner took a job"
+                                    .into(),
+                            );
+                        }
+                        Ok(Some(_)) => {}
+                        Ok(None) => {
+                            return keep(
+                                Outcome::Held,
+                                "GitHub answered 404 for a registration this tick's listing showed: unknown, held".into(),
+                            );
+                        }
+                        Err(error) => {
+                            let error = error.context(format!(
+                                "read the registration of {child}'s runner before deleting it"
+                            ));
+                            return ReapOutcome::Failed { child, error };
+                        }
+                    }
+                }
+                registry
+                    .delete_runner(repo, id)
+                    .await
+                    .map(|answer| (answer, id))
+                    .map_err(|e| e.context(format!("delete the registration of {child}'s runner")))
+            }
             _ => Err(PortError::new(
                 ErrorClass::Configuration,
                 format!("delete the registration of {child}'s runner: no runner API for its repo"),

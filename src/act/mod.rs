@@ -228,6 +228,15 @@ pub trait RunnerRegistry: Send + Sync {
     /// Every registration of the repo, all pages.
     async fn list_runners(&self, repo: &RepoConfig) -> Result<Vec<RunnerRegistration>, PortError>;
 
+    /// One registration as the forge knows it now (`GET …/actions/runners/<id>`): the last
+    /// reading before its delete, so a runner that took a job since the listing is vetoed.
+    /// `None` on a 404 (gone, or this credential may not see it).
+    async fn get_runner(
+        &self,
+        repo: &RepoConfig,
+        runner_id: u64,
+    ) -> Result<Option<RunnerRegistration>, PortError>;
+
     /// Deletes one registration (`DELETE …/actions/runners/<id>`).
     async fn delete_runner(
         &self,

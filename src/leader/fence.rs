@@ -251,6 +251,14 @@ impl RunnerRegistry for FencedRunners {
         self.inner.list_runners(repo).await
     }
 
+    async fn get_runner(
+        &self,
+        repo: &RepoConfig,
+        runner_id: u64,
+    ) -> Result<Option<RunnerRegistration>, PortError> {
+        self.inner.get_runner(repo, runner_id).await
+    }
+
     async fn delete_runner(
         &self,
         repo: &RepoConfig,

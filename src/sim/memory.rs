@@ -70,6 +70,9 @@ struct State {
     runners_down: bool,
     /// Deletes a registration even while its runner runs a job (GitHub has been seen to).
     deletes_busy_runners: bool,
+    /// What the registrations listing answers while it lags (a copy taken when it began to);
+    /// one registration read by its id answers the truth.
+    stale_runner_listing: Option<BTreeMap<u64, (RepoName, RunnerRegistration)>>,
 }
 
 /// The shared world; clone it freely.
@@ -173,6 +176,14 @@ impl MemoryWorld {
 
     pub fn set_deletes_busy_runners(&self, deletes: bool) {
         self.state.lock().unwrap().deletes_busy_runners = deletes;
+    }
+
+    /// The registrations listing keeps answering what it says now (`true`) until switched
+    /// back, as a listing that lags the runners' busy flags does; `GET` of one registration
+    /// answers the truth meanwhile.
+    pub fn freeze_runner_listing(&self, frozen: bool) {
+        let mut s = self.state.lock().unwrap();
+        s.stale_runner_listing = frozen.then(|| s.registrations.clone());
     }
 
     pub fn set_runners_down(&self, down: bool) {
@@ -537,11 +548,28 @@ impl RunnerRegistry for MemoryWorld {
         if s.forge_down || s.runners_down {
             return Err(down("list runners"));
         }
-        Ok(s.registrations
+        Ok(s.stale_runner_listing
+            .as_ref()
+            .unwrap_or(&s.registrations)
             .values()
             .filter(|(r, _)| *r == repo.repo)
             .map(|(_, registration)| registration.clone())
             .collect())
+    }
+
+    async fn get_runner(
+        &self,
+        repo: &RepoConfig,
+        runner_id: u64,
+    ) -> Result<Option<RunnerRegistration>, PortError> {
+        let s = self.state.lock().unwrap();
+        if s.forge_down || s.runners_down {
+            return Err(down("read runner"));
+        }
+        Ok(s.registrations
+            .get(&runner_id)
+            .filter(|(r, _)| *r == repo.repo)
+            .map(|(_, registration)| registration.clone()))
     }
 
     async fn delete_runner(

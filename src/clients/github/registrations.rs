@@ -85,16 +85,34 @@ impl RunnerRegistry for GitHub {
                 format!("{doing}: more than {PAGES_MAX} pages of runners"),
             ));
         }
-        Ok(listing
-            .items
-            .into_iter()
-            .map(|r| RunnerRegistration {
-                id: r.id,
-                name: RunnerName(r.name),
-                online: r.status.eq_ignore_ascii_case("online"),
-                busy: r.busy,
-            })
-            .collect())
+        Ok(listing.items.into_iter().map(registration_of).collect())
+    }
+
+    #[instrument(level = "debug", skip_all, fields(repo = %repo.repo, runner_id))]
+    async fn get_runner(
+        &self,
+        repo: &RepoConfig,
+        runner_id: u64,
+    ) -> Result<Option<RunnerRegistration>, PortError> {
+        let doing = format!("read runner {runner_id} of {}", repo.repo);
+        let path = format!("{}/{runner_id}", runners_path(repo)?);
+        let answer = self
+            .repo_call_answering(
+                repo,
+                Permission::Read,
+                Method::GET,
+                &Target::Path(path),
+                Payload::Nothing,
+                &[StatusCode::NOT_FOUND],
+                &doing,
+            )
+            .await?;
+        if answer.status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        let runner: wire::Runner =
+            serde_json::from_str(&answer.body).map_err(|e| malformed(&doing, &e))?;
+        Ok(Some(registration_of(runner)))
     }
 
     #[instrument(level = "debug", skip_all, fields(repo = %repo.repo, runner_id))]
@@ -170,6 +188,15 @@ impl GitHub {
             encoded: jit.encoded_jit_config,
             runner_id: jit.runner.id,
         })
+    }
+}
+
+fn registration_of(runner: wire::Runner) -> RunnerRegistration {
+    RunnerRegistration {
+        id: runner.id,
+        name: RunnerName(runner.name),
+        online: runner.status.eq_ignore_ascii_case("online"),
+        busy: runner.busy,
     }
 }
 

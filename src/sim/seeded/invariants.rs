@@ -1,6 +1,9 @@
 //! The invariants a run is judged by, checked from the world's truth after every step.
 //!
-//! - I1: no runner executing a job is destroyed (and no foreign child is touched).
+//! - I1: no runner executing a job is destroyed (and no foreign child is touched): no stop or
+//!   purge of a busy child, and no job killed by a registration delete outside the window no
+//!   signal closes (sent after a daemon was served a sign of the job, or on a reading of the
+//!   runner older than one round trip). Kills inside it are counted, not excused silently.
 //! - I2: demand visible in a bucket with cap room and no excusing fault is met by a dispatch
 //!   within one poll interval (plus one step: a tick takes no virtual time), or by a spare
 //!   placed runner of a wider label set of the same repo, which will take it. A repo that was
@@ -209,7 +212,7 @@ impl Checker {
     }
 
     pub fn after_step(&mut self, sim: &Sim) -> Option<Violation> {
-        let found = i1(&sim.world.counts)
+        let found = i1(sim)
             .map(|m| ("I1", m))
             .or_else(|| i3(sim).map(|m| ("I3", m)))
             .or_else(|| i7(&sim.world.counts).map(|m| ("I7", m)))
@@ -253,7 +256,9 @@ impl Checker {
                 repo: job.repo.clone(),
                 labels: job.labels.clone(),
             };
-            match (&job.visible, job.forge) {
+            // What the status-filtered searches show, the latest of GitHub's views: a busy
+            // repo's jobs are found through them.
+            match (&job.searched, job.forge) {
                 (Visible::Hidden, _) => {}
                 (Visible::Queued, _) => loads.entry(own()).or_default().queued += 1,
                 // GitHub names the runner: the job counts in that runner's bucket.
@@ -304,7 +309,8 @@ impl Checker {
                 .or_else(|| slow_call_excuse(sim))
                 .or_else(|| fault_excuse(sim, &key.repo, &route))
                 .or_else(|| crash_excuse(sim, key, within_s))
-                .or_else(|| freed_by_stop(sim, &key.repo, within_s));
+                .or_else(|| freed_by_stop(sim, &key.repo, within_s))
+                .or_else(|| left_after_its_job(sim, key, within_s));
             if excuse.is_some() {
                 continue;
             }
@@ -435,7 +441,7 @@ impl Checker {
             || leader_excuse(sim).is_some()
             || slow_call_excuse(sim).is_some();
         let slack = 2 * o.poll_interval_s
-            + o.status_lag_max_s
+            + o.listing_lag_max_s()
             + 2
             + 2 * tick_time_s(sim, dispatches_max(sim));
         let mut still = BTreeMap::new();
@@ -541,7 +547,7 @@ fn crash_excuse(sim: &Sim, key: &BucketKey, within_s: u64) -> Option<String> {
         .world
         .crash_streaks
         .get(&(key.repo.clone(), key.labels.clone()))?;
-    let lag = sim.options.status_lag_max_s;
+    let lag = sim.options.listing_lag_max_s();
     let ended_recently = streak
         .ended_s
         .is_some_and(|ended| sim.t <= ended + within_s + lag);
@@ -565,6 +571,16 @@ fn freed_by_stop(sim: &Sim, repo: &RepoName, within_s: u64) -> Option<String> {
         .iter()
         .any(|(r, at)| (r == repo || shares_cap) && recent(at));
     freed.then(|| "a slot freed by a stop this poll".into())
+}
+
+/// A runner that could have covered the bucket left after its job this poll: a tick whose
+/// reads straddled its leaving may have read its child still running from Nomad and its job
+/// already gone from the listing, and counted it spare until the next tick.
+fn left_after_its_job(sim: &Sim, key: &BucketKey, within_s: u64) -> Option<String> {
+    let left = sim.world.last_left_s.iter().any(|((repo, labels), at)| {
+        *repo == key.repo && key.labels.is_subset(labels) && sim.t <= at + within_s
+    });
+    left.then(|| "a runner that covered it left after its job this poll".into())
 }
 
 /// I7 per bucket: while a bucket's runners keep failing to start, at most
@@ -719,7 +735,11 @@ fn fault_excuse(sim: &Sim, repo: &RepoName, route: &Route) -> Option<String> {
     listing_failed.then(|| "listing fault".into())
 }
 
-fn i1(counts: &Counts) -> Option<String> {
+fn i1(sim: &Sim) -> Option<String> {
+    let counts = &sim.world.counts;
+    if let Some(kill) = &sim.world.kill_outside {
+        return Some(kill.clone());
+    }
     if counts.escaped_busy > 0 {
         return Some(format!(
             "{} child(ren) purged while their runner executed a job (escaped_busy)",
@@ -844,7 +864,7 @@ pub fn convergence_bound(
         (policy.orphan_grace + policy.idle_confirm).as_secs() + 2 * o.poll_interval_s;
     let round_s = |hold_s: u64| {
         o.poll_interval_s
-            + o.status_lag_max_s
+            + o.listing_lag_max_s()
             + o.place_delay_s.1
             + o.boot_s.1
             + o.job_s.1.max(hold_s)

@@ -130,8 +130,17 @@ pub struct Options {
     pub crash_probability: f64,
     /// An idle registered runner gives up, deregisters and exits after this long.
     pub idle_timeout_s: u64,
-    /// GitHub status changes reach the API after 0..=this many seconds.
+    /// GitHub status changes reach the job listings after 0..=this many seconds.
     pub status_lag_max_s: u64,
+    /// A status-filtered run search shows a change 0..=this many seconds after the job
+    /// listings do.
+    pub search_lag_max_s: u64,
+    /// The `busy` flag of a runner that took a job shows 0..=this many seconds later, drawn
+    /// per job apart from the job's own lag (GitHub's has read false for up to a minute).
+    pub busy_flag_lag_max_s: u64,
+    /// A registration delete that lands on a runner that took a job whose flag does not show
+    /// yet (GitHub lets it through) kills the job; otherwise the runner keeps it.
+    pub delete_kills_job: bool,
     pub faults: BTreeMap<Service, FaultRates>,
     pub outages: Vec<Outage>,
     /// Range of the waits a rate limit asks for.
@@ -203,6 +212,10 @@ impl Options {
             crash_probability: *[0.0, 0.0, 0.02, 0.05].choose(rng).expect("non-empty"),
             idle_timeout_s: rng.random_range(5..=10) * 60,
             status_lag_max_s: 3,
+            // Drawn by `draw_lags` from a stream of its own.
+            search_lag_max_s: 0,
+            busy_flag_lag_max_s: 3,
+            delete_kills_job: false,
             faults: Service::ALL
                 .iter()
                 .map(|s| (*s, low_fault_rates(rng)))
@@ -386,6 +399,23 @@ impl Options {
     pub fn draw_reaping(&mut self, rng: &mut StdRng) {
         self.orphan_grace_s = *[60, 300, 600].choose(rng).expect("non-empty");
         self.idle_confirm_s = *[20, 60, 120].choose(rng).expect("non-empty");
+    }
+
+    /// Draws the lags of GitHub's views apart: the job listings, the status-filtered run
+    /// searches (later still), and the runner's `busy` flag (up to 90 s, independent of the
+    /// job's), and whether a delete that slips into the flag's lag kills the job. The
+    /// listings and searches together stay within the daemon's `--job-listing-lag`, as that
+    /// setting promises its operator.
+    pub fn draw_lags(&mut self, rng: &mut StdRng) {
+        self.status_lag_max_s = *[3, 5, 10, 20].choose(rng).expect("non-empty");
+        self.search_lag_max_s = *[0, 2, 5, 10].choose(rng).expect("non-empty");
+        self.busy_flag_lag_max_s = *[3, 30, 60, 90].choose(rng).expect("non-empty");
+        self.delete_kills_job = rng.random_bool(0.5);
+    }
+
+    /// The longest a job's change takes to reach every listing the daemon reads.
+    pub fn listing_lag_max_s(&self) -> u64 {
+        self.status_lag_max_s + self.search_lag_max_s
     }
 
     /// The daemon's reaping settings in this run; bounds it does not vary keep their

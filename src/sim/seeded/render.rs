@@ -41,6 +41,13 @@ impl SweepReport {
             self.ticks,
             self.simulated_s / 3600
         ));
+        out.push_str(&format!(
+            "  take-backs {}: jobs killed by a delete inside the window no signal closes {} ({} per 1,000 take-backs), outside it {}\n",
+            c.deregistrations,
+            c.kills_in_window,
+            per_thousand(c.kills_in_window, c.deregistrations),
+            c.kills_outside_window,
+        ));
         for pending in self.pending {
             out.push_str(&format!("  {pending}\n"));
         }
@@ -95,6 +102,10 @@ pub fn render_replay(outcome: &SeedOutcome) -> String {
         outcome.faults_injected,
         outcome.log_lines
     ));
+    out.push_str(&format!(
+        "take-backs {}: jobs killed by a delete inside the window {}, outside it {}\n",
+        c.deregistrations, c.kills_in_window, c.kills_outside_window
+    ));
     let failed = outcome.violation.as_ref().map(|v| v.invariant);
     for invariant in ["I1", "I2", "I3", "I4", "I5", "I6", "I7", "config"] {
         let verdict = match failed {
@@ -127,4 +138,12 @@ pub fn render_replay(outcome: &SeedOutcome) -> String {
     }
     out.push_str(&format!("trace hash {}\n", outcome.trace_hash));
     out
+}
+
+/// `part` per 1,000 of `whole`, to one decimal.
+pub fn per_thousand(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        return "0.0".into();
+    }
+    format!("{:.1}", part as f64 * 1000.0 / whole as f64)
 }

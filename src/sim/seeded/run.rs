@@ -93,7 +93,11 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
     let mut latency_rng = StdRng::seed_from_u64(rng.next_u64());
     options.draw_latencies(&mut latency_rng);
     options.draw_daemons(&mut StdRng::seed_from_u64(rng.next_u64()));
-    let mut world = World::new(&options, repo_urls).with_arrivals(arrivals_rng);
+    let mut lags_rng = StdRng::seed_from_u64(rng.next_u64());
+    options.draw_lags(&mut lags_rng);
+    let mut world = World::new(&options, repo_urls)
+        .with_arrivals(arrivals_rng)
+        .with_lags(lags_rng);
     world.add_foreign_child("ci-runner");
     let loop_settings = LoopSettings {
         poll_interval: std::time::Duration::from_secs(options.poll_interval_s),

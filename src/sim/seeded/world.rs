@@ -69,12 +69,20 @@ pub struct World {
     pub crash_streaks: BTreeMap<(RepoName, LabelSet), CrashStreak>,
     /// When the daemon last stopped an in-flight child of each repo.
     pub last_stop_s: BTreeMap<RepoName, u64>,
+    /// When a runner of each bucket last left after its job.
+    pub last_left_s: BTreeMap<(RepoName, LabelSet), u64>,
     /// Draws the runs that arrive (see [`World::advance`]).
     arrivals: StdRng,
     /// Draws which webhooks are lost and how late the others arrive.
     webhook_rng: StdRng,
     /// Webhooks on their way: when each arrives, for which repo.
     webhooks_due: BTreeMap<u64, Vec<RepoName>>,
+    /// Draws the search lag and the busy flag's lag of each change.
+    lag_rng: StdRng,
+    /// When a daemon sent the delete of each registration (by id), judged when it lands.
+    deletes_sent: BTreeMap<u64, u64>,
+    /// The first job a registration delete killed outside the window no signal closes (I1).
+    pub kill_outside: Option<String>,
 }
 
 /// Unix time of simulated second 0 (a Monday morning), the base of child ids.
@@ -101,9 +109,13 @@ impl World {
             registrations: BTreeMap::new(),
             crash_streaks: BTreeMap::new(),
             last_stop_s: BTreeMap::new(),
+            last_left_s: BTreeMap::new(),
             arrivals: StdRng::seed_from_u64(0),
             webhook_rng: StdRng::seed_from_u64(0),
             webhooks_due: BTreeMap::new(),
+            lag_rng: StdRng::seed_from_u64(0),
+            deletes_sent: BTreeMap::new(),
+            kill_outside: None,
         }
     }
 
@@ -113,6 +125,11 @@ impl World {
         // the same whether the run has webhooks or not).
         self.webhook_rng = StdRng::seed_from_u64(arrivals.clone().next_u64() ^ 0x776562686f6f6b);
         self.arrivals = arrivals;
+        self
+    }
+
+    pub fn with_lags(mut self, lags: StdRng) -> World {
+        self.lag_rng = lags;
         self
     }
 
@@ -283,6 +300,10 @@ mod tests {
             queued_at_s: 0,
             visible: Visible::Hidden,
             catching_up: None,
+            searched: Visible::Hidden,
+            searched_catching_up: None,
+            flag_at: None,
+            told_at: None,
         }
     }
 
@@ -357,18 +378,26 @@ mod tests {
                     repo: repo.clone(),
                     name: name.clone(),
                     child: Some(child.clone()),
+                    read_s: None,
                 },
             );
         }
-        // The job does not show running on the runner yet: GitHub lets the delete through.
+        // The runner's busy flag lags its job: GitHub lets the delete through, and on this
+        // seed the job goes on.
+        let mut options = options;
+        options.delete_kills_job = false;
+        world.jobs.get_mut(&7).expect("the job").flag_at = Some(6);
         assert_eq!(
-            world.delete_registration(5, &repo, 1, &mut trace),
+            world.delete_registration(5, &repo, 1, &options, &mut trace),
             Some(true)
         );
-        // It shows: refused (422), whoever asks.
-        world.jobs.get_mut(&7).expect("the job").visible = Visible::Running(name);
         assert_eq!(
-            world.delete_registration(6, &repo, 2, &mut trace),
+            world.counts.kills_in_window + world.counts.kills_outside_window,
+            0
+        );
+        // The flag shows: refused (422), whoever asks.
+        assert_eq!(
+            world.delete_registration(6, &repo, 2, &options, &mut trace),
             Some(false)
         );
     }

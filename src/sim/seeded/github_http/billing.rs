@@ -90,7 +90,7 @@ pub(super) fn bill(
                 "create a registration token",
             )
         }
-        Route::ListRunners(repo) | Route::DeleteRunner(repo, _) => {
+        Route::ListRunners(repo) | Route::GetRunner(repo, _) | Route::DeleteRunner(repo, _) => {
             let Some(config) = sim.config.repos.get(repo) else {
                 return Err(Reply::not_found());
             };
@@ -98,10 +98,10 @@ pub(super) fn bill(
                 config,
                 installations,
                 Scope::Runners(repo.clone()),
-                if matches!(route, Route::ListRunners(_)) {
-                    "list runners"
-                } else {
-                    "delete a runner"
+                match route {
+                    Route::ListRunners(_) => "list runners",
+                    Route::GetRunner(..) => "read a runner",
+                    _ => "delete a runner",
                 },
             )
         }

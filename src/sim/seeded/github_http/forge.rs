@@ -219,12 +219,26 @@ impl RunnerRegistry for GitHubForge {
         self.client().list_runners(repo).await
     }
 
+    async fn get_runner(
+        &self,
+        repo: &RepoConfig,
+        runner_id: u64,
+    ) -> Result<Option<RunnerRegistration>, PortError> {
+        let _managing = ManagingRunners::start(&self.http);
+        self.client().get_runner(repo, runner_id).await
+    }
+
     async fn delete_runner(
         &self,
         repo: &RepoConfig,
         runner_id: u64,
     ) -> Result<Deregistration, PortError> {
-        lock(&self.shared).write_sent(self.writer, "a registration delete");
+        {
+            let mut sim = lock(&self.shared);
+            sim.write_sent(self.writer, "a registration delete");
+            let t = sim.t;
+            sim.world.delete_sent(runner_id, t);
+        }
         let _managing = ManagingRunners::start(&self.http);
         self.client().delete_runner(repo, runner_id).await
     }

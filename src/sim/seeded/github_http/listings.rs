@@ -133,7 +133,9 @@ pub(super) struct Page<T> {
     pub(super) etag: String,
 }
 
-fn runs_of(sim: &Sim, repo: &RepoName) -> Vec<RunView> {
+/// The repo's runs as a listing shows them: a status-filtered search (`searched`) from its
+/// own index, which lags the job listings.
+fn runs_of(sim: &Sim, repo: &RepoName, searched: bool) -> Vec<RunView> {
     let mut runs: BTreeMap<u64, RunView> = BTreeMap::new();
     for job in sim
         .world
@@ -141,7 +143,12 @@ fn runs_of(sim: &Sim, repo: &RepoName) -> Vec<RunView> {
         .values()
         .filter(|j| j.repo == *repo && j.forge == ForgeKind::GitHub)
     {
-        let status = match job.visible {
+        let shown = if searched {
+            &job.searched
+        } else {
+            &job.visible
+        };
+        let status = match shown {
             Visible::Hidden => continue,
             Visible::Queued => "queued",
             Visible::Running(_) => "in_progress",
@@ -170,7 +177,7 @@ fn digest(parts: impl IntoIterator<Item = String>) -> String {
 pub(super) fn runs_page(sim: &Sim, repo: &RepoName, query: &Query) -> Page<RunView> {
     // `status` takes a status or a conclusion, as the twin's does; the world lists only
     // unfinished runs, whose conclusion is null, so a conclusion matches none of them.
-    let mut runs: Vec<RunView> = runs_of(sim, repo)
+    let mut runs: Vec<RunView> = runs_of(sim, repo, query.is_run_search())
         .into_iter()
         .filter(|r| query.run_status_matches(r.status, None))
         .collect();
@@ -281,6 +288,17 @@ pub(super) fn jobs_page(
             etag,
         },
     ))
+}
+
+impl Page<JobView> {
+    /// The jobs of this page in progress on a named runner.
+    pub(super) fn running(&self) -> Vec<u64> {
+        self.items
+            .iter()
+            .filter(|j| j.in_progress && j.runner.is_some())
+            .map(|j| j.id)
+            .collect()
+    }
 }
 
 pub(super) fn render_jobs(run: u64, page: &Page<JobView>) -> String {

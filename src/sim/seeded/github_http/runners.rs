@@ -57,14 +57,22 @@ pub(super) fn generate_jit_config(sim: &mut Sim, repo: &RepoName, body: &[u8], t
 }
 
 /// `GET …/actions/runners`.
-pub(super) fn list_runners(sim: &Sim, repo: &RepoName, query: &Query) -> Reply {
+/// `readable`: the body reaches the client whole (not cut off by a fault), so what it
+/// shows counts as read.
+pub(super) fn list_runners(
+    sim: &mut Sim,
+    repo: &RepoName,
+    query: &Query,
+    t: u64,
+    readable: bool,
+) -> Reply {
     // `name` filters (exactly, as the twin does); `per_page`/`page` slice, with
     // the `Link` header when more than one page: a fleet of more than 100 runners
     // takes the client several requests, each billed.
     let wanted = query.get("name");
     let registrations: Vec<(u64, RunnerName, bool, bool)> = sim
         .world
-        .registrations_of(repo)
+        .registrations_of(repo, t)
         .into_iter()
         .filter(|(_, name, ..)| wanted.is_none_or(|w| w == name.0))
         .collect();
@@ -74,18 +82,17 @@ pub(super) fn list_runners(sim: &Sim, repo: &RepoName, query: &Query) -> Reply {
         repo_id(sim, repo)
     );
     let (range, link) = query.page(total, &base);
-    let runners: Vec<Value> = registrations[range]
-        .iter()
-        .map(|(id, name, online, busy)| {
-            // The world keeps no runner's labels: every one shows `self-hosted`.
-            json!({
-                "id": id, "name": name.0, "os": "linux",
-                "status": if *online { "online" } else { "offline" },
-                "busy": busy, "ephemeral": true,
-                "labels": runner_labels_json(&["self-hosted"]),
-            })
-        })
-        .collect();
+    let served = &registrations[range];
+    if readable {
+        sim.world.registrations_served(
+            &served
+                .iter()
+                .map(|(id, .., busy)| (*id, *busy))
+                .collect::<Vec<_>>(),
+            t,
+        );
+    }
+    let runners: Vec<Value> = served.iter().map(runner_json).collect();
     let body = json!({ "total_count": total, "runners": runners });
     let reply = Reply::json(StatusCode::OK, body.to_string());
     match link {
@@ -94,10 +101,39 @@ pub(super) fn list_runners(sim: &Sim, repo: &RepoName, query: &Query) -> Reply {
     }
 }
 
+/// A runner as GitHub lists it. The world keeps no runner's labels: every one shows
+/// `self-hosted`.
+fn runner_json((id, name, online, busy): &(u64, RunnerName, bool, bool)) -> Value {
+    json!({
+        "id": id, "name": name.0, "os": "linux",
+        "status": if *online { "online" } else { "offline" },
+        "busy": busy, "ephemeral": true,
+        "labels": runner_labels_json(&["self-hosted"]),
+    })
+}
+
+/// `GET …/actions/runners/{runner_id}`: one registration, or 404.
+pub(super) fn get_runner(sim: &mut Sim, repo: &RepoName, id: u64, t: u64, readable: bool) -> Reply {
+    match sim.world.registration_of(repo, id, t) {
+        Some(runner) => {
+            if readable {
+                sim.world.registrations_served(&[(runner.0, runner.3)], t);
+            }
+            Reply::json(StatusCode::OK, runner_json(&runner).to_string())
+        }
+        None => Reply::not_found(),
+    }
+}
+
 /// `DELETE …/actions/runners/{runner_id}`.
 pub(super) fn delete_runner(sim: &mut Sim, repo: &RepoName, id: u64, t: u64) -> Reply {
-    let Sim { world, trace, .. } = &mut *sim;
-    match world.delete_registration(t, repo, id, trace) {
+    let Sim {
+        world,
+        trace,
+        options,
+        ..
+    } = &mut *sim;
+    match world.delete_registration(t, repo, id, options, trace) {
         Some(true) => Reply {
             status: StatusCode::NO_CONTENT,
             headers: Vec::new(),

@@ -12,7 +12,9 @@ use super::auth::{authorize, installations, mint_access_token, repo_installation
 use super::billing::{bill, charge, exhausted};
 use super::faults::faulted;
 use super::listings::{jobs_page, render_jobs, render_runs, runs_page};
-use super::runners::{delete_runner, generate_jit_config, list_runners, registration_token};
+use super::runners::{
+    delete_runner, generate_jit_config, get_runner, list_runners, registration_token,
+};
 use super::service::{GitHubHttp, Served};
 use crate::model::{ErrorClass, RepoName};
 use crate::observe::PortError;
@@ -34,6 +36,7 @@ pub(super) enum Route {
     RegistrationToken(RepoName),
     GenerateJitConfig(RepoName),
     ListRunners(RepoName),
+    GetRunner(RepoName, u64),
     DeleteRunner(RepoName, u64),
 }
 
@@ -113,6 +116,7 @@ impl Route {
             Route::RegistrationToken(_) => "POST registration-token",
             Route::GenerateJitConfig(_) => "POST generate-jitconfig",
             Route::ListRunners(_) => "GET runners",
+            Route::GetRunner(..) => "GET runner",
             Route::DeleteRunner(..) => "DELETE runner",
         }
     }
@@ -144,6 +148,7 @@ fn parse_route(sim: &Sim, method: &Method, path: &str) -> Option<Route> {
             Some(Route::GenerateJitConfig(repo))
         }
         ("GET", ["actions", "runners"]) => Some(Route::ListRunners(repo)),
+        ("GET", ["actions", "runners", runner]) => Some(Route::GetRunner(repo, id(runner)?)),
         ("DELETE", ["actions", "runners", runner]) => Some(Route::DeleteRunner(repo, id(runner)?)),
         _ => None,
     }
@@ -206,7 +211,7 @@ impl GitHubHttp {
             | Route::DeleteRunner(repo, _) => {
                 authorize(&state, sim, parts, repo, ("administration", "write"))
             }
-            Route::ListRunners(repo) => {
+            Route::ListRunners(repo) | Route::GetRunner(repo, _) => {
                 authorize(&state, sim, parts, repo, ("administration", "read"))
             }
         };
@@ -261,14 +266,24 @@ impl GitHubHttp {
                 listed(page.etag.clone(), page.link.clone(), &|| render_runs(&page))
             }
             Route::ListJobs(repo, run) => match jobs_page(sim, repo, *run, &query) {
-                Some((run, page)) => listed(page.etag.clone(), page.link.clone(), &|| {
-                    render_jobs(run, &page)
-                }),
+                Some((run, page)) => {
+                    // A page the client can read tells it who runs what (a 304 repeats
+                    // what it already holds).
+                    if !malformed {
+                        for job in page.running() {
+                            sim.world.job_served_running(job, t);
+                        }
+                    }
+                    listed(page.etag.clone(), page.link.clone(), &|| {
+                        render_jobs(run, &page)
+                    })
+                }
                 None => Ok(Reply::not_found()),
             },
             Route::RegistrationToken(_) => Ok(registration_token(sim, t)),
             Route::GenerateJitConfig(repo) => Ok(generate_jit_config(sim, repo, body, t)),
-            Route::ListRunners(repo) => Ok(list_runners(sim, repo, &query)),
+            Route::ListRunners(repo) => Ok(list_runners(sim, repo, &query, t, !malformed)),
+            Route::GetRunner(repo, id) => Ok(get_runner(sim, repo, *id, t, !malformed)),
             Route::DeleteRunner(repo, id) => Ok(delete_runner(sim, repo, *id, t)),
         };
         let mut reply = match answered {

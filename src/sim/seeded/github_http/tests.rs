@@ -302,7 +302,7 @@ fn app_repos_mint_canary_jit_configs_and_vault_repos_mint_nothing() {
             .expect("a config");
         assert!(secrecy::ExposeSecret::expose_secret(&minted.plain()).starts_with(CANARY));
         let id = minted.runner_id().expect("a JIT config names its runner");
-        let registered = lock(&shared).world.registrations_of(&app.repo);
+        let registered = lock(&shared).world.registrations_of(&app.repo, 0);
         assert_eq!(registered, vec![(id, name.clone(), false, false)]);
         assert!(
             forge
@@ -435,7 +435,12 @@ fn a_jit_config_follows_its_example_and_needs_a_runner_group() {
         body["message"],
         "Invalid request.\n\n\"runner_group_id\" wasn't supplied."
     );
-    assert!(lock(&shared).world.registrations_of(&app.repo).is_empty());
+    assert!(
+        lock(&shared)
+            .world
+            .registrations_of(&app.repo, 0)
+            .is_empty()
+    );
 
     let (status, _, body) = call(forge.http(), Method::POST, &path, &app.repo, Some(example));
     assert_eq!(status, StatusCode::CREATED, "{body}");

@@ -73,6 +73,10 @@ impl World {
                 queued_at_s: t as i64,
                 visible: Visible::Hidden,
                 catching_up: None,
+                searched: Visible::Hidden,
+                searched_catching_up: None,
+                flag_at: None,
+                told_at: None,
             };
             self.jobs.insert(id, job);
             if truth == Truth::Queued {

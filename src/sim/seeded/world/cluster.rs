@@ -98,6 +98,7 @@ impl World {
                                 repo: repo.clone(),
                                 name: runner.clone(),
                                 child: Some(id.clone()),
+                                read_s: None,
                             },
                         );
                     }
@@ -231,6 +232,8 @@ impl World {
                     j.truth = Truth::Cancelled;
                     j.visible = Visible::Hidden;
                     j.catching_up = None;
+                    j.searched = Visible::Hidden;
+                    j.searched_catching_up = None;
                 }
             }
             Phase::Booting { .. } | Phase::Idle { .. } => {

@@ -34,6 +34,13 @@ pub struct Counts {
     pub foreign_purged: u64,
     /// Jobs GitHub cancelled after 24 hours in the queue: stranded for good.
     pub jobs_expired: u64,
+    /// Jobs killed by a registration delete that landed inside the window no signal closes
+    /// (the runner took the job after the daemon's last reading, or its flag still lagged):
+    /// counted and reported, per 1,000 take-backs.
+    pub kills_in_window: u64,
+    /// Jobs killed by a delete sent after a daemon was told of the job, or on a stale
+    /// reading (I1).
+    pub kills_outside_window: u64,
 }
 
 impl Counts {
@@ -55,5 +62,7 @@ impl Counts {
         self.unplaced_stopped += other.unplaced_stopped;
         self.foreign_purged += other.foreign_purged;
         self.jobs_expired += other.jobs_expired;
+        self.kills_in_window += other.kills_in_window;
+        self.kills_outside_window += other.kills_outside_window;
     }
 }

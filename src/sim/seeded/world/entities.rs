@@ -47,6 +47,14 @@ pub struct Job {
     pub visible: Visible,
     /// The next visible state and when it shows.
     pub catching_up: Option<(u64, Visible)>,
+    /// What a status-filtered run search shows of it: the job's own view, later still.
+    pub searched: Visible,
+    pub searched_catching_up: Option<(u64, Visible)>,
+    /// When the `busy` flag of the runner running it shows (it lags apart from the job).
+    pub flag_at: Option<u64>,
+    /// When a daemon was first served a sign of it at work on its runner: the flag in a
+    /// runner reading, or the job in progress naming the runner in a job listing.
+    pub told_at: Option<u64>,
 }
 
 impl Job {
@@ -131,6 +139,8 @@ pub struct Registration {
     /// The child whose runner holds it; `None` for a JIT registration whose child was never
     /// dispatched (GitHub registers a JIT runner when it makes its configuration).
     pub child: Option<ChildId>,
+    /// When a daemon was last served a reading of it (the listing or the runner itself).
+    pub read_s: Option<u64>,
 }
 
 /// A bucket's run of failed starts, as the world sees it (for the per-bucket half of I7).

@@ -1,6 +1,8 @@
-//! How GitHub's and Forgejo's jobs move: queued (shown 0–3 s late on GitHub, at once on
-//! Forgejo), cancelled with the jobs that need them, offered to an idle runner whose labels
-//! cover them, completed; and the `workflow_job` webhook each change of a GitHub job sends.
+//! How GitHub's and Forgejo's jobs move: queued (shown late on GitHub, in its job listings
+//! and later still in its status-filtered run searches; at once on Forgejo), cancelled with
+//! the jobs that need them, offered to an idle runner whose labels cover them, completed;
+//! and the `workflow_job` webhook each change of a GitHub job sends. A runner's `busy` flag
+//! lags its job apart from both.
 
 use rand::Rng;
 use rand::rngs::StdRng;
@@ -27,8 +29,27 @@ impl World {
             return;
         };
         let at = t + self.lag(forge, o, rng);
+        // A status-filtered run search is an index of its own, behind the job listings.
+        let searched_at = match forge {
+            ForgeKind::GitHub => at + self.lag_rng.random_range(0..=o.search_lag_max_s),
+            ForgeKind::Forgejo => at,
+        };
         let job = self.jobs.get_mut(&id).expect("checked above");
+        job.searched_catching_up = Some((searched_at, visible.clone()));
         job.catching_up = Some((at, visible));
+    }
+
+    /// Job `id` ended at `t` without completing (its runner lost it): GitHub sends its
+    /// webhook and stops listing it, as late as any change.
+    pub(super) fn show_hidden(&mut self, id: u64, t: u64, o: &Options) {
+        self.send_webhook(id, t, o);
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        let at = t + self.lag_rng.random_range(0..=o.status_lag_max_s);
+        let searched_at = at + self.lag_rng.random_range(0..=o.search_lag_max_s);
+        job.catching_up = Some((at, Visible::Hidden));
+        job.searched_catching_up = Some((searched_at, Visible::Hidden));
     }
 
     pub(super) fn set_queued(&mut self, id: u64, t: u64, o: &Options, rng: &mut StdRng) {
@@ -163,6 +184,10 @@ impl World {
                 if let Some(registration) = child.registration.take() {
                     self.registrations.remove(&registration);
                 }
+                if let Some(repo) = &child.repo {
+                    self.last_left_s
+                        .insert((repo.clone(), child.labels.clone()), t);
+                }
             }
             trace.record(t, format!("job {id} completed on {runner}"));
             for g in self.gated_after(id) {
@@ -217,11 +242,14 @@ impl World {
             match offers.choose(rng) {
                 Some(&job_id) => {
                     let done_at = t + rng.random_range(o.job_s.0..=o.job_s.1);
+                    let flag_at = t + self.lag_rng.random_range(0..=o.busy_flag_lag_max_s);
                     let job = self.jobs.get_mut(&job_id).expect("offered");
                     job.truth = Truth::Running {
                         runner: runner.clone(),
                         done_at,
                     };
+                    job.flag_at = github.then_some(flag_at);
+                    job.told_at = None;
                     let cross = job.labels != child_labels;
                     if cross {
                         self.counts.cross_bucket_takes += 1;
@@ -294,9 +322,18 @@ impl World {
             {
                 job.visible = job.catching_up.take().expect("checked").1;
             }
+            if let Some((at, _)) = &job.searched_catching_up
+                && *at <= t
+            {
+                job.searched = job.searched_catching_up.take().expect("checked").1;
+            }
         }
         self.jobs.retain(|_, j| {
-            !(j.is_terminal() && j.visible == Visible::Hidden && j.catching_up.is_none())
+            !(j.is_terminal()
+                && j.visible == Visible::Hidden
+                && j.catching_up.is_none()
+                && j.searched == Visible::Hidden
+                && j.searched_catching_up.is_none())
         });
     }
 }
