@@ -293,6 +293,8 @@ fn every_mutant_is_caught_by_the_invariant_it_is_named_for() {
         ("lock-key-not-watched", &["I8"][..]),
         ("deregistered-counted", &["I2", "I4"][..]),
         ("backoff-forgotten-at-restart", &["I7"][..]),
+        ("dispatches-on-stale-listing", &["I3", "I7"][..]),
+        ("forgejo-task-counted-waiting", &["I7", "I3"][..]),
     ] {
         assert!(
             invariants.iter().any(|invariant| {

@@ -93,7 +93,13 @@ impl Daemon {
         let (published_tx, published_rx) = watch::channel(None);
         let busy_ns = Arc::new(AtomicU64::new(0));
         let mut term_rng = StdRng::seed_from_u64(rand::RngCore::next_u64(rng));
-        let services = ports::services_over(shared, settings.github.clone(), true, Some(id));
+        let mut services = ports::services_over(shared, settings.github.clone(), true, Some(id));
+        if let Some(mutant) = settings.mutant {
+            services.children = mutant.child_source(services.children);
+            if let Some(forge) = services.forgejo.as_mut() {
+                forge.queue = mutant.forgejo_queue(forge.queue.clone());
+            }
+        }
         let store = consul_lock::store(shared, id);
         let store = match settings.mutant {
             Some(mutant) => mutant.lock_store(store),

@@ -5,6 +5,7 @@
 //! `runner-scaler simulate --mutants` hunts each through the seeds of its scenario and prints
 //! the first seed that caught it.
 
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,8 +13,14 @@ use async_trait::async_trait;
 use serde::Serialize;
 
 use super::{RunSettings, Scenario, run_seed_with};
+use crate::config::RepoConfig;
 use crate::leader::{LockError, LockKey, LockStore, SessionId, SessionRequest};
-use crate::observe::{ChildStatus, Placement};
+use crate::model::ChildId;
+use crate::model::RepoName;
+use crate::observe::{
+    BudgetReading, Child, ChildSource, ChildStatus, JobState, ParentJob, Placement, PortError,
+    QueueSource, ReadPoints, RepoJobs,
+};
 use crate::plan::{Plan, PlanInput, plan};
 
 /// A broken daemon.
@@ -37,16 +44,24 @@ pub enum Mutant {
     /// A new term (a restart, a new leader) starts without its predecessor's crash-loop
     /// backoff (issue 19, defect 5): it reads nothing from the state key.
     BackoffForgottenAtRestart,
+    /// Plans each tick on the previous tick's listing of children instead of a fresh one:
+    /// what it dispatched since is not counted, so it dispatches again.
+    DispatchesOnStaleListing,
+    /// Reads a Forgejo job a runner has taken (it has a `task_id`) as still waiting, so every
+    /// such job is demand again.
+    ForgejoTaskCountedWaiting,
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 6] = [
+    pub const ALL: [Mutant; 8] = [
         Mutant::LockKeyNotWatched,
         Mutant::UnplacedNotCounted,
         Mutant::NeverDispatches,
         Mutant::Overdispatches,
         Mutant::DeregisteredCounted,
         Mutant::BackoffForgottenAtRestart,
+        Mutant::DispatchesOnStaleListing,
+        Mutant::ForgejoTaskCountedWaiting,
     ];
 
     pub fn name(self) -> &'static str {
@@ -57,6 +72,8 @@ impl Mutant {
             Mutant::Overdispatches => "overdispatches",
             Mutant::DeregisteredCounted => "deregistered-counted",
             Mutant::BackoffForgottenAtRestart => "backoff-forgotten-at-restart",
+            Mutant::DispatchesOnStaleListing => "dispatches-on-stale-listing",
+            Mutant::ForgejoTaskCountedWaiting => "forgejo-task-counted-waiting",
         }
     }
 
@@ -69,6 +86,8 @@ impl Mutant {
             Mutant::Overdispatches => &["I3", "I7"],
             Mutant::DeregisteredCounted => &["I2", "I4"],
             Mutant::BackoffForgottenAtRestart => &["I7"],
+            Mutant::DispatchesOnStaleListing => &["I3", "I7"],
+            Mutant::ForgejoTaskCountedWaiting => &["I7", "I3"],
         }
     }
 
@@ -81,6 +100,8 @@ impl Mutant {
             Mutant::Overdispatches => Scenario::Burst,
             Mutant::DeregisteredCounted => Scenario::TakeBacks,
             Mutant::BackoffForgottenAtRestart => Scenario::CrashLoop,
+            Mutant::DispatchesOnStaleListing => Scenario::Burst,
+            Mutant::ForgejoTaskCountedWaiting => Scenario::Steady,
         }
     }
 
@@ -93,6 +114,7 @@ impl Mutant {
             Mutant::Overdispatches => Some(one_extra_runner),
             Mutant::DeregisteredCounted => Some(counts_deregistered_runners),
             Mutant::BackoffForgottenAtRestart => None,
+            Mutant::DispatchesOnStaleListing | Mutant::ForgejoTaskCountedWaiting => None,
         };
         RunSettings {
             planner,
@@ -109,6 +131,25 @@ impl Mutant {
         match self {
             Mutant::BackoffForgottenAtRestart => Arc::new(ReadsNothing(store)),
             _ => store,
+        }
+    }
+
+    /// The daemon's listings of children, as this mutant reads them.
+    pub fn child_source(self, source: Arc<dyn ChildSource>) -> Arc<dyn ChildSource> {
+        match self {
+            Mutant::DispatchesOnStaleListing => Arc::new(AnswersWithPreviousListing {
+                inner: source,
+                previous: Mutex::new(HashMap::new()),
+            }),
+            _ => source,
+        }
+    }
+
+    /// The Forgejo queue, as this mutant reads it.
+    pub fn forgejo_queue(self, queue: Arc<dyn QueueSource>) -> Arc<dyn QueueSource> {
+        match self {
+            Mutant::ForgejoTaskCountedWaiting => Arc::new(ClaimedReadAsQueued(queue)),
+            _ => queue,
         }
     }
 
@@ -173,6 +214,72 @@ impl crate::act::services::CarriedStore for ReadsNothing {
 
     async fn save(&self, value: Vec<u8>) -> Result<(), crate::model::PortError> {
         self.0.save(value).await
+    }
+}
+
+/// Answers each listing of a parent's children with the one before it (the first with
+/// itself): a plan made on it misses every child dispatched since.
+struct AnswersWithPreviousListing {
+    inner: Arc<dyn ChildSource>,
+    previous: Mutex<HashMap<String, Vec<Child>>>,
+}
+
+#[async_trait]
+impl ChildSource for AnswersWithPreviousListing {
+    async fn list_children(&self, parent: &str) -> Result<Vec<Child>, PortError> {
+        let fresh = self.inner.list_children(parent).await?;
+        let mut previous = self.previous.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(previous
+            .insert(parent.to_string(), fresh.clone())
+            .unwrap_or(fresh))
+    }
+
+    async fn parents_with_our_children(&self) -> Result<BTreeSet<String>, PortError> {
+        self.inner.parents_with_our_children().await
+    }
+
+    async fn runner_exit_code(&self, child: &ChildId) -> Result<Option<i32>, PortError> {
+        self.inner.runner_exit_code(child).await
+    }
+
+    async fn read_parent(
+        &self,
+        parent: &str,
+        namespace: Option<&str>,
+    ) -> Result<ParentJob, PortError> {
+        self.inner.read_parent(parent, namespace).await
+    }
+}
+
+/// A Forgejo queue whose claimed jobs read as waiting.
+struct ClaimedReadAsQueued(Arc<dyn QueueSource>);
+
+#[async_trait]
+impl QueueSource for ClaimedReadAsQueued {
+    async fn list_jobs(&self, repo: &RepoConfig) -> Result<RepoJobs, PortError> {
+        let mut jobs = self.0.list_jobs(repo).await?;
+        for job in &mut jobs.jobs {
+            if job.state == JobState::Claimed {
+                job.state = JobState::Queued;
+            }
+        }
+        Ok(jobs)
+    }
+
+    fn budget(&self, repo: &RepoConfig) -> Option<BudgetReading> {
+        self.0.budget(repo)
+    }
+
+    fn read_points(&self, repo: &RepoConfig) -> Option<ReadPoints> {
+        self.0.read_points(repo)
+    }
+
+    fn serving(&self, repos: &[&RepoConfig]) {
+        self.0.serving(repos)
+    }
+
+    fn hinted(&self, repo: &RepoName) {
+        self.0.hinted(repo)
     }
 }
 
