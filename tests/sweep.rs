@@ -295,6 +295,7 @@ fn every_mutant_is_caught_by_the_invariant_it_is_named_for() {
         ("backoff-forgotten-at-restart", &["I7"][..]),
         ("dispatches-on-stale-listing", &["I3", "I7"][..]),
         ("forgejo-task-counted-waiting", &["I7", "I3"][..]),
+        ("stopping-frees-its-slot", &["I3"][..]),
     ] {
         assert!(
             invariants.iter().any(|invariant| {

@@ -44,6 +44,10 @@ pub struct CarriedBackoff {
     pub labels: String,
     pub failed_starts: u32,
     pub next_dispatch_at: DateTime<Utc>,
+    /// Written since the streak's start was kept; a key written before reads as starting at
+    /// `next_dispatch_at`, which ignores more clean exits, not fewer.
+    #[serde(default)]
+    pub since: Option<DateTime<Utc>>,
 }
 
 /// A child whose runner's registration is gone, and a time by which it was.
@@ -69,6 +73,7 @@ impl Carried {
                     labels: bucket.labels.to_meta(),
                     failed_starts: b.failed_starts,
                     next_dispatch_at: b.next_dispatch_at,
+                    since: Some(b.since),
                 })
                 .collect(),
             deregistered: deregistered
@@ -109,6 +114,7 @@ impl Carried {
                     CrashBackoff {
                         failed_starts: b.failed_starts,
                         next_dispatch_at: b.next_dispatch_at,
+                        since: b.since.unwrap_or(b.next_dispatch_at),
                     },
                 ))
             })
@@ -141,6 +147,7 @@ mod tests {
             CrashBackoff {
                 failed_starts: 3,
                 next_dispatch_at: at,
+                since: at - chrono::Duration::minutes(5),
             },
         )]);
         let deregistered = BTreeMap::from([(ChildId::new("ci-runner/dispatch-1-abc", "ci"), at)]);

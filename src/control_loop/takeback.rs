@@ -189,7 +189,7 @@ impl TakeBackMemory {
         // more often than not (it took a job after booting, the others crashed at boot).
         // A runner that exited cleanly on its own booted and registered: the image works,
         // even if the daemon never saw the job it took (its queue was unreadable meanwhile).
-        let mut worked: Vec<&BucketKey> = Vec::new();
+        let mut worked: Vec<(&BucketKey, Option<DateTime<Utc>>)> = Vec::new();
         for (name, (bucket, child)) in &runners {
             if child.status != ChildStatus::Dead || !self.ends_judged.insert(child.id.clone()) {
                 continue;
@@ -202,7 +202,7 @@ impl TakeBackMemory {
                 // Each runner ends a streak once: when it is first seen taking a job, or at
                 // its clean exit if that was never seen.
                 if !self.took_job.contains(*name) {
-                    worked.push(bucket);
+                    worked.push((bucket, child.submitted_at));
                 }
                 continue;
             }
@@ -213,7 +213,7 @@ impl TakeBackMemory {
                 // The runner contract's idle exit: it booted and registered, and no job came.
                 Some(&RUNNER_EXIT_IDLE) => {
                     debug!(child = %child.id, "the runner left idle: no failed start");
-                    worked.push(bucket);
+                    worked.push((bucket, child.submitted_at));
                     continue;
                 }
                 Some(&RUNNER_EXIT_CREDENTIAL_USED) => {
@@ -232,6 +232,7 @@ impl TakeBackMemory {
             let entry = self.crash.entry(bucket.clone()).or_insert(CrashBackoff {
                 failed_starts: 0,
                 next_dispatch_at: now,
+                since: child.submitted_at.unwrap_or(now),
             });
             entry.failed_starts += 1;
             let delay = crash_delay(entry.failed_starts);
@@ -307,7 +308,14 @@ impl TakeBackMemory {
         if all_listed {
             self.claims_seen.retain(|claim| claimed_now.contains(claim));
         }
-        for bucket in worked {
+        for (bucket, submitted_at) in worked {
+            // A child submitted before the streak began exited cleanly before it, as far as
+            // anything tells: old news, not a sign the image works now.
+            let older = |b: &CrashBackoff| submitted_at.is_some_and(|at| at <= b.since);
+            if self.crash.get(bucket).is_some_and(older) {
+                debug!(bucket = %bucket, "a runner submitted before the crash loop began exited cleanly: the backoff holds");
+                continue;
+            }
             if let Some(backoff) = self.crash.remove(bucket) {
                 info!(bucket = %bucket, failed_starts = backoff.failed_starts, "a runner exited cleanly: crash-loop backoff over");
             }
@@ -701,6 +709,78 @@ mod tests {
         let delays: Vec<u64> = (1..=8).map(|n| crash_delay(n).as_secs()).collect();
         assert_eq!(delays, [30, 60, 120, 240, 480, 600, 600, 600]);
         assert_eq!(crash_delay(u32::MAX), CRASH_BACKOFF_MAX);
+    }
+
+    /// A new term sees every dead child Nomad still lists at once (a `vault` repo's are left
+    /// to Nomad's GC): the clean exit of a runner that took a job before the crash loop began
+    /// must not end the backoff it carried over, while one submitted since does.
+    #[test]
+    fn a_clean_exit_older_than_the_crash_loop_does_not_end_its_backoff() {
+        use crate::observe::{Child, Placement, Snapshot};
+        let t0 = DateTime::<Utc>::from_timestamp(1_736_150_400, 0).unwrap();
+        let repo = RepoName::parse("acme/api").unwrap();
+        let labels = LabelSet::parse(&["self-hosted".to_string()]).unwrap();
+        let bucket = BucketKey {
+            repo: repo.clone(),
+            labels: labels.clone(),
+        };
+        let exited_cleanly = |n: u32, submitted: DateTime<Utc>| Child {
+            id: ChildId::new(format!("ci-runner/dispatch-{n}"), "default"),
+            parent: "ci-runner".into(),
+            status: ChildStatus::Dead,
+            placement: Placement::Finished,
+            ours: true,
+            repo_url: Some("https://github.com/acme/api".into()),
+            labels: Some(labels.to_meta()),
+            runner_name: Some(RunnerName(format!("ci-runner-{n:012x}"))),
+            submitted_at: Some(submitted),
+            placed_at: None,
+        };
+        let snapshot_of = |children: Vec<Child>| {
+            let mut snapshot = Snapshot::default();
+            snapshot
+                .repo_urls
+                .insert("https://github.com/acme/api".into(), repo.clone());
+            snapshot.parents.insert("ci-runner".into(), Ok(children));
+            snapshot
+        };
+        let carried = || {
+            BTreeMap::from([(
+                bucket.clone(),
+                CrashBackoff {
+                    failed_starts: 3,
+                    next_dispatch_at: t0 + chrono::Duration::minutes(10),
+                    since: t0 + chrono::Duration::minutes(1),
+                },
+            )])
+        };
+        let now = t0 + chrono::Duration::minutes(8);
+
+        let mut memory = TakeBackMemory::default();
+        memory.adopt(carried(), BTreeMap::new());
+        memory.learn_from_snapshot(
+            &snapshot_of(vec![exited_cleanly(1, t0)]),
+            &BTreeMap::new(),
+            now,
+        );
+        assert_eq!(
+            memory.crash_backoff().get(&bucket).map(|b| b.failed_starts),
+            Some(3),
+            "ended by a clean exit from before the crash loop"
+        );
+
+        let mut memory = TakeBackMemory::default();
+        memory.adopt(carried(), BTreeMap::new());
+        let since = t0 + chrono::Duration::minutes(5);
+        memory.learn_from_snapshot(
+            &snapshot_of(vec![exited_cleanly(2, since)]),
+            &BTreeMap::new(),
+            now,
+        );
+        assert!(
+            memory.crash_backoff().is_empty(),
+            "a runner submitted since worked"
+        );
     }
 
     #[test]

@@ -167,6 +167,21 @@ pub struct Child {
     pub placed_at: Option<DateTime<Utc>>,
 }
 
+impl Child {
+    /// Stopped, its job already reads `dead`, while its allocation still runs: Nomad counts
+    /// an allocation told to stop as terminal at once, but the task has its `kill_timeout`
+    /// to end, and the slot is free only once the client reports it gone (the job summary
+    /// still counts it running).
+    pub fn is_stopping(&self) -> bool {
+        !self.status.is_in_flight() && self.placement.is_placed()
+    }
+
+    /// Holds a slot under the caps and on the cluster: in flight, or stopping.
+    pub fn holds_slot(&self) -> bool {
+        self.status.is_in_flight() || self.is_stopping()
+    }
+}
+
 /// A runner registration as the forge lists it (GitHub `GET …/actions/runners`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RunnerRegistration {

@@ -253,6 +253,9 @@ pub(super) struct Bucket {
     /// In-flight children whose registration the daemon deleted and no job in progress
     /// names: not in `supply`, still under the caps.
     pub retiring: u32,
+    /// Children stopped whose allocation still runs (inside `kill_timeout`): not in
+    /// `supply`, still under the caps until Nomad reports the allocation ended.
+    pub stopping: u32,
 }
 
 impl Bucket {
@@ -339,6 +342,7 @@ impl Buckets {
                 in_progress: 0,
                 claimed: 0,
                 retiring: 0,
+                stopping: 0,
             });
             self.all.len() - 1
         })
@@ -494,6 +498,7 @@ mod tests {
             in_progress: 0,
             claimed: 0,
             retiring: 0,
+            stopping: 0,
         }
     }
 

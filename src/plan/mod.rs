@@ -49,6 +49,10 @@ pub struct CrashBackoff {
     /// No dispatch before this; from then on one at a time, a probe, until a runner takes a
     /// job.
     pub next_dispatch_at: DateTime<Utc>,
+    /// When the child of the streak's first failed start was submitted: a clean exit of a
+    /// child submitted no later is older news than the streak and does not end it (a new
+    /// term sees every dead child Nomad still lists at once, in no order).
+    pub since: DateTime<Utc>,
 }
 
 /// Dispatching held back by something the loop learned earlier (a refusal, an error that
@@ -170,6 +174,9 @@ pub struct BucketPlan {
     /// Of those, children whose runner's registration the daemon deleted: they count against
     /// the caps until stopped, never as supply (no job comes to them).
     pub deregistered: u32,
+    /// Of those, children stopped whose allocation still runs (inside its `kill_timeout`):
+    /// they count against the caps until Nomad reports the allocation ended, never as supply.
+    pub stopping: u32,
     /// Missing runners that spare runners of a wider label set of the same repo cover: they
     /// take this bucket's jobs, so none is dispatched for them.
     pub covered_by_wider: u32,
@@ -304,13 +311,16 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
     let mut retiring_runners: HashMap<&str, (usize, bool)> = HashMap::new();
     let hands_off = HandsOff::new(config, settings.vault_children_cleanup);
     for child in snapshot.our_listed_children() {
-        if !child.status.is_in_flight() {
+        if !child.holds_slot() {
             let repo = snapshot.repo_of(child).and_then(|r| config.repos.get(r));
             if !hands_off.covers(repo, &child.id) {
                 out.purges.push(child.id.clone());
             }
             continue;
         }
+        // Stopped, its task still inside `kill_timeout`: it holds its slot under every cap
+        // until its allocation ends, takes no job, and is neither nominated nor purged yet.
+        let stopping = child.is_stopping();
         out.in_flight_total += 1;
         let repo = match child.repo_url.as_deref() {
             Some(url) => *repo_of_url
@@ -319,7 +329,9 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             None => None,
         };
         let Some(repo) = repo else {
-            flight.push((child, None, None));
+            if !stopping {
+                flight.push((child, None, None));
+            }
             continue;
         };
         repos.slots[repo].in_flight += 1;
@@ -328,10 +340,16 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             .as_deref()
             .and_then(|meta| label_sets.of_meta(meta))
         else {
-            flight.push((child, Some(repo), None));
+            if !stopping {
+                flight.push((child, Some(repo), None));
+            }
             continue;
         };
         let bucket = buckets.get_or_insert(repo, labels);
+        if stopping {
+            buckets.all[bucket].stopping += 1;
+            continue;
+        }
         if !snapshot.deregistered.is_empty() && snapshot.deregistered.contains_key(&child.id) {
             // Its registration is gone, so GitHub gives it no job: it is no supply and lends
             // nothing, though its allocation still holds its slot under every cap.
@@ -436,7 +454,8 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             ..
         })) = route
         {
-            repos.slots[bucket.repo].profile_in_flight[*index] += bucket.supply + bucket.retiring;
+            repos.slots[bucket.repo].profile_in_flight[*index] +=
+                bucket.supply + bucket.retiring + bucket.stopping;
         }
     }
 
@@ -574,8 +593,9 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             parent: owned_route.and_then(Result::ok).map(|r| r.parent),
             queued,
             in_progress,
-            in_flight: supply + bucket.retiring,
+            in_flight: supply + bucket.retiring + bucket.stopping,
             deregistered: bucket.retiring,
+            stopping: bucket.stopping,
             covered_by_wider,
             cap,
             missing,

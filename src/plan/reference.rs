@@ -57,7 +57,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
     let hands_off = HandsOff::new(config, settings.vault_children_cleanup);
     for ours in snapshot.our_children() {
         let child = ours.child;
-        if !child.status.is_in_flight() {
+        if !child.holds_slot() {
             let repo = ours.repo.as_ref().and_then(|r| config.repos.get(r));
             if !hands_off.covers(repo, &child.id) {
                 out.purges.push(child.id.clone());
@@ -203,6 +203,8 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             // Fed no deregistered children (`agreement.rs`): their rules are tabled in
             // `tests.rs`.
             deregistered: 0,
+            // Nor stopped children whose allocation still runs.
+            stopping: 0,
             covered_by_wider,
             cap: repo_config.map(|r| tightest_cap(r, route.as_ref(), settings)),
             missing,

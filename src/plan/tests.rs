@@ -1166,3 +1166,41 @@ fn an_unregistered_runner_is_nominated_only_on_a_fresh_queue_reading() {
         );
     }
 }
+
+/// Defect 7 of issue 19: Nomad reads a stopped child `dead` at once, while its task still
+/// winds down inside `kill_timeout` and the job summary counts its allocation running. Until
+/// that allocation ends it holds its slot under every cap, supplies nothing, and is neither
+/// purged nor nominated again.
+#[test]
+fn a_stopped_child_whose_allocation_still_runs_holds_its_slot_and_is_not_purged_yet() {
+    let stopping = |w: &mut World| {
+        w.children_of("ci-runner")[0].status = ChildStatus::Dead;
+    };
+
+    let mut w = placed_runner_with_a_queued_job(1, 20);
+    stopping(&mut w);
+    let p = w.plan();
+    assert!(
+        p.dispatches.is_empty(),
+        "its allocation still holds the slot"
+    );
+    let b = bucket(&p, "acme/api", SH);
+    assert_eq!((b.in_flight, b.stopping, b.missing), (1, 1, 1), "{b:?}");
+    assert_eq!(b.reason, Some(HoldReason::RepoCap));
+    assert!(p.purges.is_empty(), "purged while its task runs");
+    assert!(p.nominations.is_empty(), "nominated once stopped");
+    assert_eq!(p.in_flight_total, 1);
+
+    // With room under the cap, a replacement goes out beside it: it takes no job.
+    let mut w = placed_runner_with_a_queued_job(2, 20);
+    stopping(&mut w);
+    assert_eq!(w.plan().dispatches.len(), 1);
+
+    // Once the allocation ended, the slot is free and the child is purged.
+    let mut w = placed_runner_with_a_queued_job(1, 20);
+    stopping(&mut w);
+    w.children_of("ci-runner")[0].placement = Placement::Finished;
+    let p = w.plan();
+    assert_eq!(p.purges.len(), 1);
+    assert_eq!(p.dispatches.len(), 1);
+}

@@ -374,6 +374,33 @@ mod tests {
         assert!(!format!("{children:?}").contains("CANARY"));
     }
 
+    /// Nomad reads a stopped job `dead` as soon as its allocation is told to stop; the job
+    /// summary counts that allocation running until the client reports the task ended.
+    #[test]
+    fn a_dead_child_whose_summary_still_counts_a_running_allocation_is_stopping() {
+        let mut stub = child_stub(
+            "ci-runner/dispatch-1700000000-0a1b2c3d",
+            "ci-runner",
+            serde_json::json!({ "managed_by": "runner-scaler" }),
+        );
+        stub["Status"] = "dead".into();
+        stub["JobSummary"]["Summary"] = serde_json::json!({
+            "runner": { "Queued": 0, "Complete": 0, "Failed": 0, "Running": 1,
+                        "Starting": 0, "Lost": 0, "Unknown": 0 }
+        });
+        let stopping = children_of("ci-runner", stubs(&serde_json::json!([stub]).to_string()))
+            .unwrap()
+            .remove(0);
+        assert_eq!(stopping.status, ChildStatus::Dead);
+        assert!(stopping.is_stopping() && stopping.holds_slot());
+        stub["JobSummary"]["Summary"]["runner"]["Running"] = 0.into();
+        stub["JobSummary"]["Summary"]["runner"]["Complete"] = 1.into();
+        let ended = children_of("ci-runner", stubs(&serde_json::json!([stub]).to_string()))
+            .unwrap()
+            .remove(0);
+        assert!(!ended.is_stopping() && !ended.holds_slot());
+    }
+
     #[test]
     fn a_listing_without_any_meta_is_a_gap_not_foreign_children() {
         // The full-stub fixture re-addressed as children, with `Meta` dropped as a Nomad

@@ -50,10 +50,13 @@ pub enum Mutant {
     /// Reads a Forgejo job a runner has taken (it has a `task_id`) as still waiting, so every
     /// such job is demand again.
     ForgejoTaskCountedWaiting,
+    /// A stopped child frees its slot as soon as its job reads `dead` (issue 19, defect 7),
+    /// while its task still winds down inside `kill_timeout` and holds its allocation.
+    StoppingFreesItsSlot,
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 8] = [
+    pub const ALL: [Mutant; 9] = [
         Mutant::LockKeyNotWatched,
         Mutant::UnplacedNotCounted,
         Mutant::NeverDispatches,
@@ -62,6 +65,7 @@ impl Mutant {
         Mutant::BackoffForgottenAtRestart,
         Mutant::DispatchesOnStaleListing,
         Mutant::ForgejoTaskCountedWaiting,
+        Mutant::StoppingFreesItsSlot,
     ];
 
     pub fn name(self) -> &'static str {
@@ -74,6 +78,7 @@ impl Mutant {
             Mutant::BackoffForgottenAtRestart => "backoff-forgotten-at-restart",
             Mutant::DispatchesOnStaleListing => "dispatches-on-stale-listing",
             Mutant::ForgejoTaskCountedWaiting => "forgejo-task-counted-waiting",
+            Mutant::StoppingFreesItsSlot => "stopping-frees-its-slot",
         }
     }
 
@@ -88,6 +93,7 @@ impl Mutant {
             Mutant::BackoffForgottenAtRestart => &["I7"],
             Mutant::DispatchesOnStaleListing => &["I3", "I7"],
             Mutant::ForgejoTaskCountedWaiting => &["I7", "I3"],
+            Mutant::StoppingFreesItsSlot => &["I3"],
         }
     }
 
@@ -102,6 +108,7 @@ impl Mutant {
             Mutant::BackoffForgottenAtRestart => Scenario::CrashLoop,
             Mutant::DispatchesOnStaleListing => Scenario::Burst,
             Mutant::ForgejoTaskCountedWaiting => Scenario::Steady,
+            Mutant::StoppingFreesItsSlot => Scenario::TakeBacks,
         }
     }
 
@@ -113,6 +120,7 @@ impl Mutant {
             Mutant::NeverDispatches => Some(never_dispatches),
             Mutant::Overdispatches => Some(one_extra_runner),
             Mutant::DeregisteredCounted => Some(counts_deregistered_runners),
+            Mutant::StoppingFreesItsSlot => Some(frees_stopping_slots),
             Mutant::BackoffForgottenAtRestart => None,
             Mutant::DispatchesOnStaleListing | Mutant::ForgejoTaskCountedWaiting => None,
         };
@@ -183,6 +191,21 @@ pub fn ignores_unplaced_children(input: PlanInput<'_>) -> Plan {
 pub fn counts_deregistered_runners(input: PlanInput<'_>) -> Plan {
     let mut snapshot = input.snapshot.clone();
     snapshot.deregistered.clear();
+    plan(PlanInput {
+        snapshot: &snapshot,
+        ..input
+    })
+}
+
+/// A planner that reads a stopped child as gone once its job is dead, whatever its
+/// allocation still does.
+pub fn frees_stopping_slots(input: PlanInput<'_>) -> Plan {
+    let mut snapshot = input.snapshot.clone();
+    for children in snapshot.parents.values_mut().flatten() {
+        for child in children.iter_mut().filter(|c| c.is_stopping()) {
+            child.placement = Placement::Finished;
+        }
+    }
     plan(PlanInput {
         snapshot: &snapshot,
         ..input

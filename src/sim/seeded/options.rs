@@ -141,6 +141,10 @@ pub struct Options {
     /// A registration delete that lands on a runner that took a job whose flag does not show
     /// yet (GitHub lets it through) kills the job; otherwise the runner keeps it.
     pub delete_kills_job: bool,
+    /// How long an idle runner's allocation takes to end once its child is stopped (the
+    /// listener's Ctrl-C, its session closed): the job reads `dead` at once, the slot stays
+    /// taken meanwhile.
+    pub stop_wind_down_s: u64,
     pub faults: BTreeMap<Service, FaultRates>,
     pub outages: Vec<Outage>,
     /// Range of the waits a rate limit asks for.
@@ -216,6 +220,7 @@ impl Options {
             search_lag_max_s: 0,
             busy_flag_lag_max_s: 3,
             delete_kills_job: false,
+            stop_wind_down_s: 0,
             faults: Service::ALL
                 .iter()
                 .map(|s| (*s, low_fault_rates(rng)))
@@ -411,7 +416,12 @@ impl Options {
         self.search_lag_max_s = *[0, 2, 5, 10].choose(rng).expect("non-empty");
         self.busy_flag_lag_max_s = *[3, 30, 60, 90].choose(rng).expect("non-empty");
         self.delete_kills_job = rng.random_bool(0.5);
+        self.stop_wind_down_s = *[0, 2, 5, 15].choose(rng).expect("non-empty");
     }
+
+    /// A busy runner told to stop is killed after the task's `kill_timeout`: the parents ask
+    /// for 2m, and a Nomad client's default `max_kill_timeout` cuts that to 30s.
+    pub const KILL_TIMEOUT_S: u64 = 30;
 
     /// The longest a job's change takes to reach every listing the daemon reads.
     pub fn listing_lag_max_s(&self) -> u64 {

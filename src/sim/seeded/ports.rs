@@ -18,7 +18,7 @@ use secrecy::{ExposeSecret, SecretString};
 use super::github_http::GitHubForge;
 use super::options::{ForgeKind, Options, Service};
 use super::trace::Trace;
-use super::world::{EPOCH_UNIX, Phase, Visible, World};
+use super::world::{EPOCH_UNIX, SimChild, Visible, World};
 use crate::act::{
     ChildControl, Credential, DispatchRequest, Dispatched, Registrar, RunnerIdentity,
 };
@@ -771,12 +771,11 @@ impl NomadPort {
             budget: None,
             what: "read job allocations",
         })?;
-        Ok(sim.world.children.get(child).is_some_and(|c| {
-            matches!(
-                c.phase,
-                Phase::Booting { .. } | Phase::Idle { .. } | Phase::Busy { .. }
-            )
-        }))
+        Ok(sim
+            .world
+            .children
+            .get(child)
+            .is_some_and(SimChild::has_allocation))
     }
 
     fn stop_now(sim: &mut Sim, child: &ChildId) -> Result<(), PortError> {
@@ -787,7 +786,7 @@ impl NomadPort {
             budget: None,
             what: "stop job",
         })?;
-        sim.world.stop(sim.t, child, &mut sim.trace);
+        sim.world.stop(sim.t, child, &sim.options, &mut sim.trace);
         Ok(())
     }
 }

@@ -52,6 +52,9 @@ pub const QUEUED_JOB_CANCEL_S: i64 = 24 * 3600;
 pub struct World {
     pub jobs: BTreeMap<u64, Job>,
     pub children: BTreeMap<ChildId, SimChild>,
+    /// Allocations of children purged while they were still stopping: Nomad forgot the job,
+    /// the client still runs the task until it ends, and the slot stays taken.
+    pub lingering: BTreeMap<ChildId, SimChild>,
     /// Idempotency token → the child it created.
     pub idempotency: BTreeMap<String, ChildId>,
     runs: BTreeMap<u64, RunTemplate>,
@@ -98,6 +101,7 @@ impl World {
         World {
             jobs: BTreeMap::new(),
             children: BTreeMap::new(),
+            lingering: BTreeMap::new(),
             idempotency: BTreeMap::new(),
             runs: BTreeMap::new(),
             next_id: 1000,
@@ -186,6 +190,7 @@ impl World {
             self.start_run(t, o, template, trace, rng);
         }
         self.cancel_queued(t, o, rng, trace);
+        self.end_stopping(t, trace);
         self.place(t, o, rng, trace);
         self.boot(t, o, rng, trace);
         self.finish_jobs(t, o, rng, trace);
@@ -193,11 +198,16 @@ impl World {
         self.catch_up(t);
     }
 
-    /// Children of ours that are pending or running.
+    /// Children of ours that hold a slot: pending, running, or stopped with their task still
+    /// winding down (purged or not).
     pub fn in_flight(&self) -> impl Iterator<Item = (&ChildId, &SimChild)> {
         self.children
             .iter()
-            .filter(|(_, c)| c.repo.is_some() && c.status.is_in_flight())
+            .filter(|(_, c)| {
+                c.repo.is_some()
+                    && (c.status.is_in_flight() || matches!(c.phase, Phase::Stopping { .. }))
+            })
+            .chain(self.lingering.iter().filter(|(_, c)| c.repo.is_some()))
     }
 
     /// Jobs not yet completed or cancelled (gated ones included).

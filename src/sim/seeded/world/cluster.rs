@@ -19,12 +19,8 @@ impl World {
         let ours = self
             .children
             .values()
-            .filter(|c| {
-                matches!(
-                    c.phase,
-                    Phase::Booting { .. } | Phase::Idle { .. } | Phase::Busy { .. }
-                )
-            })
+            .chain(self.lingering.values())
+            .filter(|c| c.has_allocation())
             .count() as u32;
         ours + o.foreign_slots_at(t)
     }
@@ -172,11 +168,18 @@ impl World {
         id
     }
 
-    /// Nomad's purge: the child disappears, its runner with it.
+    /// Nomad's purge: the child disappears, its runner with it. A stopped child whose task
+    /// still winds down is forgotten by Nomad, but its allocation runs on until it ends.
     pub fn purge(&mut self, t: u64, id: &ChildId, trace: &mut Trace) {
         let Some(mut child) = self.children.remove(id) else {
             return;
         };
+        if matches!(child.phase, Phase::Stopping { .. }) {
+            self.counts.purged_stopping += 1;
+            trace.record(t, format!("purged {id} while its task still winds down"));
+            self.lingering.insert(id.clone(), child);
+            return;
+        }
         self.counts.purges += 1;
         if child.repo.is_none() && child.repo_url.is_none() {
             self.counts.foreign_purged += 1;
@@ -188,7 +191,7 @@ impl World {
 
     /// Nomad's stop (a deregistration without purge): the allocation is stopped, the runner
     /// with it, and the child stays listed as dead until purged.
-    pub fn stop(&mut self, t: u64, id: &ChildId, trace: &mut Trace) {
+    pub fn stop(&mut self, t: u64, id: &ChildId, o: &Options, trace: &mut Trace) {
         let Some(mut child) = self.children.remove(id) else {
             return;
         };
@@ -204,13 +207,46 @@ impl World {
                 self.last_stop_s.insert(repo.clone(), t);
             }
         }
+        // The task is told to stop; an idle runner winds down in seconds, a busy one is
+        // killed at its `kill_timeout`. Nomad reads the job dead at once, while the job
+        // summary still counts the allocation running until it ends.
+        let wind_down_s = match child.phase {
+            Phase::Busy { .. } => Some(Options::KILL_TIMEOUT_S),
+            Phase::Booting { .. } | Phase::Idle { .. } => Some(o.stop_wind_down_s),
+            Phase::Stopping { until } => Some(until.saturating_sub(t)),
+            Phase::Unplaced { .. } | Phase::Exited => None,
+        };
         self.kill_runner(t, id, &mut child, "stopped", trace);
         child.status = ChildStatus::Dead;
         child.stopped = true;
-        if child.placement != Placement::Failed {
-            child.placement = Placement::Finished;
+        match wind_down_s {
+            Some(s) if s > 0 => {
+                child.phase = Phase::Stopping { until: t + s };
+                child.placement = Placement::Placed;
+            }
+            _ if child.placement != Placement::Failed => child.placement = Placement::Finished,
+            _ => {}
         }
         self.children.insert(id.clone(), child);
+    }
+
+    /// Stopped tasks that wound down end their allocation: the slot is free.
+    pub(super) fn end_stopping(&mut self, t: u64, trace: &mut Trace) {
+        let ended = |c: &SimChild| matches!(c.phase, Phase::Stopping { until } if until <= t);
+        for (id, child) in &mut self.children {
+            if ended(child) {
+                child.phase = Phase::Exited;
+                child.placement = Placement::Finished;
+                trace.record(t, format!("allocation of {id} ended"));
+            }
+        }
+        self.lingering.retain(|id, child| {
+            let keep = !ended(child);
+            if !keep {
+                trace.record(t, format!("allocation of purged {id} ended"));
+            }
+            keep
+        });
     }
 
     /// The runner of `child` dies with its allocation. A registration it held stays behind,
@@ -240,7 +276,9 @@ impl World {
                 self.counts.live_runners_purged += 1;
                 trace.record(t, format!("{how} {id} with a live runner"));
             }
-            Phase::Unplaced { .. } | Phase::Exited => trace.record(t, format!("{how} {id}")),
+            Phase::Unplaced { .. } | Phase::Stopping { .. } | Phase::Exited => {
+                trace.record(t, format!("{how} {id}"))
+            }
         }
         child.phase = Phase::Exited;
     }

@@ -41,6 +41,9 @@ pub struct Counts {
     /// Jobs killed by a delete sent after a daemon was told of the job, or on a stale
     /// reading (I1).
     pub kills_outside_window: u64,
+    /// Stopped children purged while their task still wound down: Nomad forgets the job
+    /// while its allocation holds the slot.
+    pub purged_stopping: u64,
 }
 
 impl Counts {
@@ -63,6 +66,7 @@ impl Counts {
         self.foreign_purged += other.foreign_purged;
         self.jobs_expired += other.jobs_expired;
         self.kills_in_window += other.kills_in_window;
+        self.purged_stopping += other.purged_stopping;
         self.kills_outside_window += other.kills_outside_window;
     }
 }

@@ -79,6 +79,11 @@ pub enum Phase {
     Busy {
         job: u64,
     },
+    /// Told to stop: the job reads `dead`, but the task winds down (inside its
+    /// `kill_timeout`) and holds its allocation until `until`.
+    Stopping {
+        until: u64,
+    },
     Exited,
 }
 
@@ -114,7 +119,7 @@ impl SimChild {
     /// registration was deleted cannot, though its allocation lives on.
     pub fn can_take_a_job(&self) -> bool {
         match self.phase {
-            Phase::Exited => false,
+            Phase::Exited | Phase::Stopping { .. } => false,
             Phase::Idle { .. } => !(self.on_github() && self.registration.is_none()),
             Phase::Unplaced { .. } | Phase::Booting { .. } | Phase::Busy { .. } => true,
         }
@@ -122,6 +127,18 @@ impl SimChild {
 }
 
 impl SimChild {
+    /// An allocation of it runs on a node, holding a slot there: booting, at work, idle, or
+    /// stopped and still winding down.
+    pub fn has_allocation(&self) -> bool {
+        matches!(
+            self.phase,
+            Phase::Booting { .. }
+                | Phase::Idle { .. }
+                | Phase::Busy { .. }
+                | Phase::Stopping { .. }
+        )
+    }
+
     /// Its runner registers with GitHub (not Forgejo): GitHub hands jobs only to registered
     /// runners, and lists them.
     pub(super) fn on_github(&self) -> bool {
