@@ -279,6 +279,36 @@ fn the_bench_prints_one_row_per_strategy_and_scenario_with_the_documented_keys()
     }
 }
 
+/// The benchmark reports what a take-back costs: registrations deleted, and jobs a delete
+/// killed inside the window no signal closes, per 1,000 take-backs of the seeds whose GitHub
+/// kills such a job; ours kills none outside it.
+#[test]
+fn the_take_backs_bench_reports_kills_in_the_delete_window_per_thousand_take_backs() {
+    let (code, stdout, stderr) = simulate(&[
+        "--bench",
+        "--scenario",
+        "take-backs",
+        "--seeds",
+        "6",
+        "--json",
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&stdout).expect("--json prints JSON");
+    let ours = rows
+        .iter()
+        .find(|r| r["strategy"] == "ours")
+        .expect("a row for ours");
+    assert!(ours["take_backs"].as_u64() > Some(0), "{ours}");
+    assert!(ours["take_backs_pessimistic"].as_u64() <= ours["take_backs"].as_u64());
+    assert!(ours["kills_in_delete_window"].is_u64(), "{ours}");
+    assert_eq!(ours["kills_outside_delete_window"], 0, "{ours}");
+    let per_1000 = &ours["kills_in_delete_window_per_1000_take_backs"];
+    match ours["take_backs_pessimistic"].as_u64() {
+        Some(0) => assert!(per_1000.is_null(), "{ours}"),
+        _ => assert!(per_1000.is_number(), "{ours}"),
+    }
+}
+
 #[test]
 fn every_mutant_is_caught_by_the_invariant_it_is_named_for() {
     // CI hunts on fewer seeds than `simulate --mutants` does by default.

@@ -135,12 +135,14 @@ fn simulate_bench(args: &SimulateArgs) -> ExitCode {
         eprintln!("runner-scaler simulate: --bench runs seeds 1..=N (--seeds N), not one --seed");
         return ExitCode::from(EXIT_BAD_SETTINGS as u8);
     }
-    // `idle` runs with the named scenarios; `fleet-500` (500 repos, minutes of wall time
+    // `idle` and the hazards (`take-backs`, where kills inside the delete window are
+    // measured) run with the named scenarios; `fleet-500` (500 repos, minutes of wall time
     // per seed) only when asked for by name.
     let scenarios = if args.scenario == "demo" {
         Scenario::NAMED
             .into_iter()
             .chain([Scenario::Idle])
+            .chain(Scenario::HAZARDS)
             .collect()
     } else {
         match Scenario::parse(&args.scenario) {

@@ -103,6 +103,17 @@ pub struct BenchRow {
     pub busy_runners_destroyed: u64,
     /// Jobs never served: still queued when the run ended, or cancelled by GitHub after 24 h.
     pub stranded_jobs: u64,
+    /// Registrations deleted to take a runner back, over every seed.
+    pub take_backs: u64,
+    /// Of those, on the seeds whose GitHub kills the job of a runner deregistered under it.
+    pub take_backs_pessimistic: u64,
+    /// Jobs killed by a delete inside the window no signal closes (the busy flag lagging, the
+    /// job not yet listed): counted, reported, never excused silently.
+    pub kills_in_delete_window: u64,
+    /// Those kills per 1,000 take-backs of the pessimistic seeds.
+    pub kills_in_delete_window_per_1000_take_backs: Option<f64>,
+    /// Jobs killed by a delete outside that window (a failed seed for ours).
+    pub kills_outside_delete_window: u64,
     pub github_rate_limited_requests_per_repo_hour: f64,
     pub nomad_requests_per_tick: f64,
     pub dispatch_lag_p50_s: Option<u64>,
@@ -162,6 +173,11 @@ pub fn row(strategy: Strategy, scenario: Scenario, outcomes: &[SeedOutcome]) -> 
         wasted_dispatches: 0,
         busy_runners_destroyed: 0,
         stranded_jobs: 0,
+        take_backs: 0,
+        take_backs_pessimistic: 0,
+        kills_in_delete_window: 0,
+        kills_in_delete_window_per_1000_take_backs: None,
+        kills_outside_delete_window: 0,
         github_rate_limited_requests_per_repo_hour: 0.0,
         nomad_requests_per_tick: 0.0,
         dispatch_lag_p50_s: None,
@@ -238,6 +254,12 @@ pub fn row(strategy: Strategy, scenario: Scenario, outcomes: &[SeedOutcome]) -> 
         row.wasted_dispatches += m.wasted_dispatches;
         row.busy_runners_destroyed += o.counts.escaped_busy;
         row.stranded_jobs += m.stranded_jobs;
+        row.take_backs += o.counts.deregistrations;
+        if m.delete_kills_job {
+            row.take_backs_pessimistic += o.counts.deregistrations;
+        }
+        row.kills_in_delete_window += o.counts.kills_in_window;
+        row.kills_outside_delete_window += o.counts.kills_outside_window;
         row.jobs += o.counts.jobs;
         row.dispatches += o.counts.dispatches;
         row.simulated_hours += o.simulated_s as f64 / 3600.0;
@@ -264,6 +286,11 @@ pub fn row(strategy: Strategy, scenario: Scenario, outcomes: &[SeedOutcome]) -> 
     }
     if ticks > 0 {
         row.nomad_requests_per_tick = round2(nomad as f64 / ticks as f64);
+    }
+    if row.take_backs_pessimistic > 0 {
+        row.kills_in_delete_window_per_1000_take_backs = Some(round2(
+            row.kills_in_delete_window as f64 * 1000.0 / row.take_backs_pessimistic as f64,
+        ));
     }
     row.dispatch_lag_p50_s = percentile(&mut lag, 50.0);
     row.dispatch_lag_p99_s = percentile(&mut lag, 99.0);
@@ -366,7 +393,7 @@ pub fn render_text(rows: &[BenchRow]) -> String {
         _ => format!("{}/{}", opt(a), opt(b)),
     };
     let mut out = format!(
-        "{:<16} {:<18} {:>5} {:>8} {:>8} {:>8} {:>8} {:>7} {:>5} {:>8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7} {:>5} {:>7} {:>10} {:>8}\n",
+        "{:<16} {:<18} {:>5} {:>8} {:>8} {:>8} {:>8} {:>7} {:>5} {:>8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7} {:>5} {:>7} {:>10} {:>8} {:>9} {:>8} {:>7}\n",
         "scenario",
         "strategy",
         "seeds",
@@ -387,11 +414,14 @@ pub fn render_text(rows: &[BenchRow]) -> String {
         "conc",
         "mints/h",
         "owner/h",
-        "tick99ms"
+        "tick99ms",
+        "takebacks",
+        "kills/1k",
+        "kills!w"
     );
     for r in rows {
         out.push_str(&format!(
-            "{:<16} {:<18} {:>5} {:>8} {:>8} {:>8} {:>8} {:>7} {:>5} {:>8} {:>10.1} {:>10.2} {:>9} {:>9} {:>9} {:>9} {:>7} {:>5} {:>7} {:>10} {:>8}\n",
+            "{:<16} {:<18} {:>5} {:>8} {:>8} {:>8} {:>8} {:>7} {:>5} {:>8} {:>10.1} {:>10.2} {:>9} {:>9} {:>9} {:>9} {:>7} {:>5} {:>7} {:>10} {:>8} {:>9} {:>8} {:>7}\n",
             r.scenario.as_str(),
             r.strategy.as_str(),
             r.seeds,
@@ -419,7 +449,10 @@ pub fn render_text(rows: &[BenchRow]) -> String {
             optf(r.token_mints_per_hour),
             optf(r.github_primary_per_owner_hour_max),
             r.tick_wall_ms_p99
-                .map_or("-".to_string(), |v| format!("{v:.2}"))
+                .map_or("-".to_string(), |v| format!("{v:.2}")),
+            r.take_backs,
+            optf(r.kills_in_delete_window_per_1000_take_backs),
+            r.kills_outside_delete_window
         ));
     }
     out

@@ -8,7 +8,9 @@
 //!   within one poll interval (plus one step: a tick takes no virtual time), or by a spare
 //!   placed runner of a wider label set of the same repo, which will take it. A repo that was
 //!   idle at its last read (no job in the reading, no child in flight) may wait for its next
-//!   idle read instead: by that read plus one poll interval.
+//!   idle read instead: by that read plus one poll interval. Room a bucket whose runner just
+//!   left (or was stopped) may take first for its own, possibly older, jobs is not owed to the
+//!   buckets beside it under a shared cap: the daemon serves the oldest jobs first.
 //! - I3: no cap is exceeded, counting pending children.
 //! - I4: surplus is reaped: a registered `app` runner idle past the grace window and the
 //!   idle confirmation is taken back within two polls, and a child unplaced past the
@@ -292,6 +294,10 @@ impl Checker {
             load: String,
         }
         let mut short = Vec::new();
+        // Buckets excused for now that still miss runners, with the caps they count against:
+        // the daemon serves the oldest jobs first, and theirs may be older, so room they can
+        // take is not owed to the short buckets beside them.
+        let mut excused_missing: Vec<(u32, Vec<CapKey>)> = Vec::new();
         for (key, load) in &loads {
             let demand = load.demand();
             if demand <= load.supply + covered[key] {
@@ -308,10 +314,20 @@ impl Checker {
                 .or_else(|| leader_excuse(sim))
                 .or_else(|| slow_call_excuse(sim))
                 .or_else(|| fault_excuse(sim, &key.repo, &route))
-                .or_else(|| crash_excuse(sim, key, within_s))
-                .or_else(|| freed_by_stop(sim, &key.repo, within_s))
-                .or_else(|| left_after_its_job(sim, key, within_s));
+                .or_else(|| crash_excuse(sim, key, within_s));
             if excuse.is_some() {
+                continue;
+            }
+            // Room that just opened in this bucket is still owed by its own deadline; the
+            // daemon may give it, or older room, to this bucket's older jobs first.
+            if freed_by_stop(sim, &key.repo, within_s)
+                .or_else(|| left_after_its_job(sim, key, within_s))
+                .is_some()
+            {
+                excused_missing.push((
+                    demand - load.supply - covered[key],
+                    CapKey::of(sim, &key.repo, &route),
+                ));
                 continue;
             }
             // A repo idle at its last read is read again an idle interval later; one not read
@@ -341,6 +357,18 @@ impl Checker {
         // the cap uses the oldest), so room a dispatch used for one bucket does not count
         // against another, and room that opens later owes from then.
         let mut still_owed = BTreeMap::new();
+        // Room under a cap that the excused buckets under it may take first.
+        let available = |cap: &CapKey| {
+            let reserved: u32 = excused_missing
+                .iter()
+                .filter(|(_, caps)| caps.contains(cap))
+                .map(|(n, caps)| {
+                    let room = caps.iter().map(|c| used.room_under(sim, c)).min();
+                    (*n).min(room.unwrap_or(0))
+                })
+                .sum();
+            used.room_under(sim, cap).saturating_sub(reserved)
+        };
         for cap in short
             .iter()
             .flat_map(|s| s.caps.iter())
@@ -352,11 +380,11 @@ impl Checker {
             let missing: u32 = under
                 .iter()
                 .map(|s| {
-                    let room = s.caps.iter().map(|c| used.room_under(sim, c)).min();
+                    let room = s.caps.iter().map(&available).min();
                     s.missing.min(room.unwrap_or(0))
                 })
                 .sum();
-            let owed_units = missing.min(used.room_under(sim, cap)) as usize;
+            let owed_units = missing.min(available(cap)) as usize;
             let owed_by = t + within_s;
             let mut units = self.short_since.remove(cap).unwrap_or_default();
             while units.len() > owed_units {

@@ -137,6 +137,9 @@ pub struct Measured {
     pub stranded_jobs: u64,
     pub requests: Requests,
     pub github_repos: u64,
+    /// This seed's GitHub kills the job of a runner whose registration is deleted under it
+    /// (the pessimistic half of the seeds; the others leave the job running).
+    pub delete_kills_job: bool,
     /// The first invariant that did not hold (a baseline runs on past it).
     pub first_violation: Option<Violation>,
 }

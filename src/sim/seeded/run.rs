@@ -176,6 +176,7 @@ pub fn run_seed_with(scenario: Scenario, seed: u64, settings: RunSettings) -> Se
     m.wasted_dispatches = sim.world.wasted_dispatches();
     m.stranded_jobs = sim.world.stranded_jobs();
     m.requests = sim.requests.clone();
+    m.delete_kills_job = sim.options.delete_kills_job;
     m.github_repos = sim
         .options
         .repos
